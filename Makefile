@@ -1,0 +1,33 @@
+# fleetcare — two commands matter: `make demo` and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test test-fast lint bench kafka kafka-stop clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml collectors/pyproject.toml pipeline/pyproject.toml models/pyproject.toml api/pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e './collectors[nvml,kafka]' -e ./pipeline -e ./models -e ./api -e '.[dev]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/fleetcare demo
+
+test: install
+	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not slow and not kafka"
+
+lint: install
+	$(BIN)/ruff check collectors pipeline models api tests bench
+
+bench: install
+	$(BIN)/python bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache var

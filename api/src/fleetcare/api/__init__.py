@@ -1,0 +1,1 @@
+"""fleetcare.api."""

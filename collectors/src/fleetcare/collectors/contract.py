@@ -1,0 +1,240 @@
+"""The fleetcare data contract: every record type, its wire format and its version.
+
+Records are born on the GPU node, so the contract lives here; the pipeline derives its
+DuckDB DDL and Arrow schema from these structs, the API its JSON models.
+
+- ``GpuSample``  one per GPU per tick: identity, metrics (units in the names) and the
+  reliability counters. A counter the GPU does not support is ``None``, never 0.
+- ``XidEvent``   one per XID seen (NVML event set, kernel log, or the simulator).
+- ``Incident``   one per failure or operator action: the ground truth labels learn from.
+- ``Batch``      the per-node envelope that travels on the bus, with ``schema_version``.
+
+Wire formats: JSON and msgpack (``encode_batch`` / ``decode_batch``). Decoders accept
+older schema versions and ignore unknown fields; garbage is rejected with a
+``DecodeError`` that says what was wrong.
+
+Exceptions::
+
+    ContractError
+     └── DecodeError          (.reason, .raw)
+          └── SchemaVersionError  (.version)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+import msgspec
+
+SCHEMA_VERSION = 1
+"""Bump when a field is added; decoders accept every version <= this one."""
+
+WireFormat = Literal["json", "msgpack"]
+XidSource = Literal["nvml", "kernel-log", "dcgm", "sim"]
+UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True)]
+"""A timezone-aware timestamp; naive datetimes are rejected on decode."""
+
+
+class ContractError(Exception):
+    """Base of every error of the data contract."""
+
+
+class DecodeError(ContractError):
+    """Bytes that are not a valid record. ``reason`` says why, ``raw`` keeps the bytes."""
+
+    def __init__(self, reason: str, raw: bytes = b"") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.raw = raw
+
+
+class SchemaVersionError(DecodeError):
+    """A batch from a newer agent than this decoder knows."""
+
+    def __init__(self, version: int, raw: bytes = b"") -> None:
+        super().__init__(
+            f"schema_version {version} is newer than this decoder's {SCHEMA_VERSION}: "
+            "upgrade the fleetcare pipeline before the agents",
+            raw,
+        )
+        self.version = version
+
+
+class GpuSample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One GPU at one tick. Field order is the column order downstream."""
+
+    ts: UtcTime
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    pci_bus_id: str
+    model: str
+    # -- load, thermals, power, clocks, memory
+    gpu_temp_c: float | None = None
+    mem_temp_c: float | None = None
+    power_w: float | None = None
+    power_limit_w: float | None = None
+    sm_clock_mhz: int | None = None
+    mem_clock_mhz: int | None = None
+    util_gpu_pct: float | None = None
+    util_mem_pct: float | None = None
+    fb_used_mib: int | None = None
+    fb_total_mib: int | None = None
+    # -- ECC error counts (NVML_MEMORY_ERROR_TYPE_* x NVML_VOLATILE/AGGREGATE_ECC)
+    ecc_corrected_volatile: int | None = None
+    ecc_uncorrected_volatile: int | None = None
+    ecc_corrected_aggregate: int | None = None
+    ecc_uncorrected_aggregate: int | None = None
+    # -- page retirement (pre-Ampere) and row remapping (Ampere and later)
+    retired_pages_sbe: int | None = None
+    retired_pages_dbe: int | None = None
+    retired_pages_pending: bool | None = None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    remapped_rows_pending: bool | None = None
+    remapped_rows_failure: bool | None = None
+    # -- PCIe
+    pcie_replay_count: int | None = None
+    pcie_link_gen: int | None = None
+    pcie_link_gen_max: int | None = None
+    pcie_link_width: int | None = None
+    pcie_link_width_max: int | None = None
+    # -- NVLink, one entry per link (index = link id)
+    nvlink_up: list[bool] | None = None
+    nvlink_crc_flit: list[int] | None = None
+    nvlink_crc_data: list[int] | None = None
+    nvlink_replay: list[int] | None = None
+    nvlink_recovery: list[int] | None = None
+    # -- clock-event (throttle) reasons, nvmlClocksEventReason* bit mask
+    clock_event_reasons: int | None = None
+
+
+class XidEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One XID. ``xid`` is None only for messages that carry no number."""
+
+    ts: UtcTime
+    node: str
+    xid: int | None
+    message: str
+    source: XidSource
+    gpu_uuid: str | None = None
+    gpu_index: int | None = None
+    pci_bus_id: str | None = None
+    pid: int | None = None
+    process: str | None = None
+
+
+class Incident(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A failure or an operator action on a node (and GPU, when one is to blame).
+
+    ``kind`` is ``failure`` for what interrupts jobs; ``repair``/``rma`` record the fix.
+    ``cause`` uses the snake_case names of Llama 3's Table 5 (see ``CAUSES``);
+    ``mode`` the failure mechanism (``hbm``, ``thermal``, ``nvlink``, ``pcie``, ``gsp``,
+    ``sram``, ``none`` for no GPU-visible precursor).
+    """
+
+    ts: UtcTime
+    node: str
+    kind: Literal["failure", "repair", "rma"]
+    cause: str
+    source: str
+    gpu_uuid: str | None = None
+    mode: str | None = None
+    xid: int | None = None
+    note: str | None = None
+
+
+class Batch(msgspec.Struct, frozen=True, kw_only=True):
+    """What one node sends in one message. ``seq`` increases per node, per agent run."""
+
+    schema_version: int
+    node: str
+    seq: int
+    sent_at: UtcTime
+    samples: list[GpuSample] = []
+    events: list[XidEvent] = []
+    incidents: list[Incident] = []
+
+
+# Table 5 of the Llama 3 paper (arXiv 2407.21783): unexpected interruptions by cause.
+# Values: (count in the 54-day, 16,384-GPU run, whether the GPU is to blame).
+CAUSES: dict[str, tuple[int, bool]] = {
+    "faulty_gpu": (148, True),
+    "gpu_hbm3_memory": (72, True),
+    "software_bug": (54, False),
+    "network_switch_cable": (35, False),
+    "host_maintenance": (32, False),
+    "gpu_sram_memory": (19, True),
+    "gpu_system_processor": (17, True),
+    "nic": (7, False),
+    "nccl_watchdog_timeout": (7, False),
+    "silent_data_corruption": (6, True),
+    "gpu_thermal_interface_sensor": (6, True),
+    "ssd": (3, False),
+    "power_supply": (3, False),
+    "server_chassis": (2, False),
+    "io_expansion_board": (2, False),
+    "dependency": (2, False),
+    "cpu": (2, False),
+    "system_memory": (2, False),
+}
+
+_json_encoder = msgspec.json.Encoder()
+_msgpack_encoder = msgspec.msgpack.Encoder()
+_json_batch = msgspec.json.Decoder(Batch)
+_msgpack_batch = msgspec.msgpack.Decoder(Batch)
+
+
+class _Version(msgspec.Struct):
+    schema_version: int
+
+
+_json_version = msgspec.json.Decoder(_Version)
+_msgpack_version = msgspec.msgpack.Decoder(_Version)
+
+
+def utc(ts: dt.datetime) -> dt.datetime:
+    """``ts`` as an aware UTC datetime (naive values are taken to be UTC)."""
+    if ts.tzinfo is None:
+        return ts.replace(tzinfo=dt.UTC)
+    return ts.astimezone(dt.UTC)
+
+
+def encode_batch(batch: Batch, fmt: WireFormat = "msgpack") -> bytes:
+    if fmt == "json":
+        return _json_encoder.encode(batch)
+    if fmt == "msgpack":
+        return _msgpack_encoder.encode(batch)
+    raise ValueError(f"wire format {fmt!r} is not one of 'json', 'msgpack'")
+
+
+def decode_batch(raw: bytes, fmt: WireFormat | None = None) -> Batch:
+    """Decode one batch, sniffing the format when ``fmt`` is None (JSON starts with '{').
+
+    Raises ``DecodeError`` (with the reason and the raw bytes) for anything that is not a
+    valid batch, and ``SchemaVersionError`` for a version newer than ``SCHEMA_VERSION``.
+    """
+    if fmt is None:
+        fmt = "json" if raw[:1] in (b"{", b" ", b"\n") else "msgpack"
+    dec, ver = (
+        (_json_batch, _json_version) if fmt == "json" else (_msgpack_batch, _msgpack_version)
+    )
+    try:
+        version = ver.decode(raw).schema_version
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(f"not a fleetcare batch ({fmt}): {exc}", raw) from exc
+    if version > SCHEMA_VERSION:
+        raise SchemaVersionError(version, raw)
+    if version < 1:
+        raise DecodeError(f"schema_version {version} is not a valid version (>= 1)", raw)
+    try:
+        batch = dec.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise DecodeError(f"invalid batch ({fmt}): {exc}", raw) from exc
+    return batch
+
+
+def sample_fields() -> tuple[msgspec.structs.FieldInfo, ...]:
+    """The ``GpuSample`` fields with their types, in column order (for DDL and Arrow)."""
+    return msgspec.structs.fields(GpuSample)
