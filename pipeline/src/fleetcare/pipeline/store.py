@@ -1,0 +1,191 @@
+"""The DuckDB store: one database file, one writing process, threads share it.
+
+Rows go in as Arrow tables in bulk; every insert is idempotent by the record's natural
+key (``schema.SAMPLE_KEY`` ...), so a redelivered batch lands once. Telemetry arrives
+roughly in time order, so the duplicate check only looks at the incoming time range,
+which DuckDB's zone maps prune cheaply.
+
+Exceptions::
+
+    StoreError            (.path)  the database cannot be opened (locked, not DuckDB)
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import threading
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import msgspec
+import numpy as np
+import pyarrow as pa
+
+from fleetcare.collectors.contract import Batch, GpuSample, Incident, XidEvent
+from fleetcare.pipeline import schema
+
+log = logging.getLogger(__name__)
+
+
+class StoreError(Exception):
+    def __init__(self, path: str, message: str) -> None:
+        super().__init__(f"{path}: {message}")
+        self.path = path
+
+
+def _naive_utc(ts: dt.datetime) -> dt.datetime:
+    return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
+
+
+def records_to_arrow(records: Iterable[msgspec.Struct], arrow: pa.Schema) -> pa.Table:
+    """Contract structs → an Arrow table with the contract's schema (slow path: live data)."""
+    names = arrow.names
+    cols: dict[str, list[Any]] = {n: [] for n in names}
+    for rec in records:
+        for name, value in zip(names, msgspec.structs.astuple(rec), strict=True):
+            if isinstance(value, dt.datetime):
+                value = _naive_utc(value)
+            cols[name].append(value)
+    return pa.table({n: pa.array(cols[n], type=arrow.field(n).type) for n in names})
+
+
+def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.Table:
+    """Columnar numpy data (the simulator's history chunks) → Arrow, fast path.
+
+    Missing fields become null columns; 2-D arrays become list columns (one list per row).
+    """
+    n = len(next(iter(columns.values())))
+    arrays = []
+    for field in arrow:
+        values = columns.get(field.name)
+        if values is None:
+            arrays.append(pa.nulls(n, type=field.type))
+        elif pa.types.is_list(field.type):
+            values = np.asarray(values)
+            width = values.shape[1]
+            flat = pa.array(values.reshape(-1), type=field.type.value_type)
+            offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32))
+            arrays.append(pa.ListArray.from_arrays(offsets, flat))
+        else:
+            arrays.append(pa.array(values, type=field.type))
+    return pa.Table.from_arrays(arrays, schema=arrow)
+
+
+class Store:
+    """One DuckDB database. ``cursor()`` gives a thread its own connection handle."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+        self.path = str(path)
+        try:
+            self.con = duckdb.connect(self.path, read_only=read_only)
+        except duckdb.IOException as exc:
+            raise StoreError(
+                self.path,
+                f"cannot open the database ({exc}). DuckDB allows one writing process per "
+                "file: stop the other fleetcare process, or read through its API.",
+            ) from exc
+        self._lock = threading.RLock()
+        if not read_only:
+            self.con.execute(schema.DDL)
+
+    # -- plumbing ---------------------------------------------------------------
+    def cursor(self) -> duckdb.DuckDBPyConnection:
+        return self.con.cursor()
+
+    def close(self) -> None:
+        self.con.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- inserts ------------------------------------------------------------------
+    def _insert_new(self, table: str, data: pa.Table, key: tuple[str, ...]) -> int:
+        """Insert rows of ``data`` whose key is not in ``table`` yet; returns rows added."""
+        if data.num_rows == 0:
+            return 0
+        cond = " AND ".join(f"t.{k} IS NOT DISTINCT FROM n.{k}" for k in key)
+        with self._lock:
+            cur = self.cursor()
+            cur.register("incoming", data)
+            try:
+                lo, hi = cur.execute("SELECT min(ts), max(ts) FROM incoming").fetchone()
+                keys = ", ".join(key)
+                dups = cur.execute(
+                    f"SELECT count(*) FROM (SELECT {keys} FROM incoming GROUP BY ALL "
+                    "HAVING count(*) > 1)"
+                ).fetchone()[0]
+                # DISTINCT ON is costly on wide rows: only pay for it when needed.
+                distinct = f"DISTINCT ON ({keys})" if dups else ""
+                added = cur.execute(
+                    f"""INSERT INTO {table}
+                    SELECT {distinct} n.* FROM incoming n
+                    WHERE NOT EXISTS (SELECT 1 FROM {table} t
+                                      WHERE t.ts BETWEEN ? AND ? AND {cond})""",
+                    [lo, hi],
+                ).fetchone()[0]
+            finally:
+                cur.unregister("incoming")
+                cur.close()
+        return int(added)
+
+    def insert_samples(self, data: pa.Table) -> int:
+        return self._insert_new("telemetry", data, schema.SAMPLE_KEY)
+
+    def insert_sample_columns(self, columns: Mapping[str, np.ndarray]) -> int:
+        return self.insert_samples(columns_to_arrow(columns, schema.SAMPLE_SCHEMA))
+
+    def insert_sample_records(self, samples: Iterable[GpuSample]) -> int:
+        return self.insert_samples(records_to_arrow(samples, schema.SAMPLE_SCHEMA))
+
+    def insert_events(self, events: Iterable[XidEvent]) -> int:
+        return self._insert_new(
+            "xid_events", records_to_arrow(events, schema.EVENT_SCHEMA), schema.EVENT_KEY
+        )
+
+    def insert_incidents(self, incidents: Iterable[Incident]) -> int:
+        return self._insert_new(
+            "incidents", records_to_arrow(incidents, schema.INCIDENT_SCHEMA),
+            schema.INCIDENT_KEY,
+        )
+
+    def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
+        """Land decoded batches; returns rows added (samples, events, incidents)."""
+        samples: list[GpuSample] = []
+        events: list[XidEvent] = []
+        incidents: list[Incident] = []
+        for b in batches:
+            samples.extend(b.samples)
+            events.extend(b.events)
+            incidents.extend(b.incidents)
+        return (
+            self.insert_sample_records(samples),
+            self.insert_events(events),
+            self.insert_incidents(incidents),
+        )
+
+    def quarantine(self, source: str, reason: str, raw: bytes, *,
+                   received_at: dt.datetime | None = None) -> None:
+        """Keep a record we could not accept, with why; never drop it silently."""
+        when = _naive_utc(received_at or dt.datetime.now(dt.UTC))
+        with self._lock:
+            self.con.execute(
+                "INSERT INTO quarantine VALUES (?, ?, ?, ?)", [when, source, reason, raw]
+            ).fetchall()
+        log.warning("ingest.quarantined source=%s reason=%s bytes=%d", source, reason, len(raw))
+
+    # -- meta -------------------------------------------------------------------
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self.con.execute(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [key, value]
+            ).fetchall()
+
+    def get_meta(self, key: str, default: str | None = None) -> str | None:
+        row = self.cursor().execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+        return row[0] if row else default
