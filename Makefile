@@ -18,6 +18,7 @@ demo: install
 	$(BIN)/fleetcare demo
 
 test: install
+	deploy/kafka/start.sh
 	$(BIN)/python -m pytest -q
 
 test-fast: install
@@ -28,6 +29,12 @@ lint: install
 
 bench: install
 	$(BIN)/python bench/run_all.py
+
+kafka:
+	deploy/kafka/start.sh
+
+kafka-stop:
+	deploy/kafka/stop.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache var
