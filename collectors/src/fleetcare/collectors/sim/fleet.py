@@ -1,0 +1,106 @@
+"""The simulated fleet: its spec and the identity of every node and GPU.
+
+Identity is a pure function of the spec: node ``i`` is ``node-{i:05d}``, GPU ``j`` of
+node ``i`` has a UUID derived from (seed, node, index) and the DGX H100 PCI bus ids.
+A model mix is written ``"H100:3,A100:1"`` (weights); each node gets one model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+from dataclasses import dataclass, field
+
+import numpy as np
+from fleetcare.collectors.sim.gpu_models import MODELS, GpuModel
+
+DEFAULT_START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+PCI_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")  # DGX H100 GPU bus ids
+
+
+@dataclass(frozen=True)
+class FleetSpec:
+    """What fleet to simulate. ``failure_scale`` multiplies every failure rate."""
+
+    nodes: int
+    gpus_per_node: int = 8
+    model: str = "H100"
+    seed: int = 0
+    start: dt.datetime = DEFAULT_START
+    failure_scale: float = 1.0
+    lemon_fraction: float = 0.012
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"FleetSpec.nodes={self.nodes}: a fleet needs at least 1 node")
+        if not 1 <= self.gpus_per_node <= len(PCI_BUSES):
+            raise ValueError(
+                f"FleetSpec.gpus_per_node={self.gpus_per_node}: use 1..{len(PCI_BUSES)}"
+            )
+        if self.start.tzinfo is None:
+            raise ValueError("FleetSpec.start must be timezone-aware (UTC), e.g. "
+                             "datetime(2026, 1, 1, tzinfo=UTC)")
+        if self.failure_scale < 0 or not 0 <= self.lemon_fraction < 1:
+            raise ValueError("FleetSpec.failure_scale must be >= 0 and lemon_fraction "
+                             f"in [0, 1), got {self.failure_scale}, {self.lemon_fraction}")
+        parse_model_mix(self.model)  # validate early
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def parse_model_mix(model: str) -> list[tuple[str, float]]:
+    """``"H100"`` or ``"H100:3,A100:1"`` -> [(key, weight)], weights summing to 1."""
+    parts: list[tuple[str, float]] = []
+    for item in model.split(","):
+        key, _, weight = item.strip().partition(":")
+        if key not in MODELS:
+            raise ValueError(
+                f"GPU model {key!r} is unknown: use one of {sorted(MODELS)} "
+                "or a mix like 'H100:3,A100:1'"
+            )
+        parts.append((key, float(weight) if weight else 1.0))
+    total = sum(w for _, w in parts)
+    if total <= 0:
+        raise ValueError(f"model mix {model!r} has no positive weight")
+    return [(k, w / total) for k, w in parts]
+
+
+def gpu_uuid(seed: int, node: int, index: int) -> str:
+    h = hashlib.blake2b(f"{seed}:{node}:{index}".encode(), digest_size=16).hexdigest()
+    return f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+@dataclass(frozen=True)
+class FleetLayout:
+    """Identity arrays, GPUs in node-major order (global gpu id = node * gpn + index)."""
+
+    spec: FleetSpec
+    node_names: np.ndarray  # object (nodes,)
+    node_model: np.ndarray  # int8 (nodes,) index into model_keys
+    model_keys: tuple[str, ...]
+    gpu_uuids: np.ndarray  # object (gpus,)
+    pci_bus_ids: np.ndarray  # object (gpus,)
+    models: tuple[GpuModel, ...] = field(default=())
+
+    @classmethod
+    def build(cls, spec: FleetSpec) -> FleetLayout:
+        mix = parse_model_mix(spec.model)
+        keys = tuple(k for k, _ in mix)
+        if len(mix) == 1:
+            node_model = np.zeros(spec.nodes, dtype=np.int8)
+        else:
+            rng = np.random.default_rng([spec.seed, 101])
+            node_model = rng.choice(len(mix), size=spec.nodes, p=[w for _, w in mix]).astype(
+                np.int8
+            )
+        names = np.array([f"node-{i:05d}" for i in range(spec.nodes)], dtype=object)
+        gpn = spec.gpus_per_node
+        uuids = np.array(
+            [gpu_uuid(spec.seed, n, j) for n in range(spec.nodes) for j in range(gpn)],
+            dtype=object,
+        )
+        pci = np.array([f"00000000:{PCI_BUSES[j]}:00.0" for j in range(gpn)] * spec.nodes,
+                       dtype=object)
+        return cls(spec, names, node_model, keys, uuids, pci, tuple(MODELS[k] for k in keys))

@@ -1,0 +1,114 @@
+"""The simulator's incident process: calibration against Llama 3 Table 5, determinism."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from fleetcare.collectors.contract import CAUSES
+from fleetcare.collectors.sim import (
+    CAUSE_NAMES,
+    MODES,
+    FleetSpec,
+    simulate_incidents,
+    summarize,
+)
+
+
+@pytest.fixture(scope="module", params=[0, 1, 2])
+def llama_run(request):
+    return simulate_incidents(FleetSpec(nodes=2048, seed=request.param), days=54)
+
+
+def test_total_and_gpu_share_match_llama3(llama_run):
+    s = summarize(llama_run)
+    assert s["nodes"] == 2048 and s["gpus"] == 16384 and s["days"] == 54
+    total = s["incidents"]["total"]
+    assert 419 * 0.85 <= total <= 419 * 1.15
+    assert abs(s["incidents"]["gpu_caused"] / total - 268 / 419) <= 0.05
+    assert sum(s["incidents"]["by_cause"].values()) == total
+    assert set(s["incidents"]["by_cause"]) == set(CAUSES)
+
+
+@pytest.mark.parametrize("cause", ["gpu_hbm3_memory", "faulty_gpu", "network_switch_cable"])
+def test_big_causes_within_poisson_bounds(llama_run, cause):
+    expected = CAUSES[cause][0]
+    got = summarize(llama_run)["incidents"]["by_cause"][cause]
+    assert abs(got - expected) <= 4 * math.sqrt(expected) + 2
+
+
+def test_lemons_fail_more_and_repeat(llama_run):
+    per_node = np.bincount(llama_run.node, minlength=2048)
+    assert llama_run.lemon.sum() == round(0.012 * 2048)
+    assert per_node[llama_run.lemon].mean() > 5 * per_node[~llama_run.lemon].mean()
+    assert (per_node[llama_run.lemon] >= 2).mean() > 0.4
+
+
+def test_modes_xids_and_leads_follow_the_cause(llama_run):
+    p = llama_run
+    for i in range(len(p)):
+        cause, mode, xid = CAUSE_NAMES[p.cause[i]], MODES[p.mode[i]], int(p.xid[i])
+        if not CAUSES[cause][1]:
+            assert (mode, xid, p.gpu[i], p.lead_h[i]) == ("none", -1, -1, 0.0)
+            continue
+        assert 0 <= p.gpu[i] < 8
+        if cause == "silent_data_corruption":
+            assert (mode, xid) == ("none", -1)
+        expected = {"hbm": {48, 64, 94, 95}, "sram": {48, 94, 95}, "gsp": {119, 120},
+                    "thermal": {79}, "nvlink": {74}, "pcie": {79}}.get(mode)
+        if expected is not None:
+            assert xid in expected and p.lead_h[i] > 0
+    assert np.all(np.diff(p.time_h) >= 0)
+    assert p.time_h.max() < 54 * 24
+
+
+def test_a_node_does_not_fail_while_down(llama_run):
+    p = llama_run
+    for n in np.unique(p.node):
+        idx = np.flatnonzero(p.node == n)
+        assert np.all(p.time_h[idx][1:] >= (p.time_h + p.repair_h)[idx][:-1])
+
+
+def test_decoys_are_on_gpus_that_never_fail(llama_run):
+    p = llama_run
+    failed = set(zip(p.node[p.gpu >= 0].tolist(), p.gpu[p.gpu >= 0].tolist(), strict=True))
+    assert 50 < len(p.decoy_time_h) < 300
+    assert not failed & set(zip(p.decoy_node.tolist(), p.decoy_gpu.tolist(), strict=True))
+
+
+def test_same_seed_same_plan_other_seed_other_plan():
+    a = simulate_incidents(FleetSpec(nodes=256, seed=7, failure_scale=4), 20)
+    b = simulate_incidents(FleetSpec(nodes=256, seed=7, failure_scale=4), 20)
+    c = simulate_incidents(FleetSpec(nodes=256, seed=8, failure_scale=4), 20)
+    assert a.incidents() == b.incidents()
+    assert a.incidents() != c.incidents()
+
+
+def test_failure_scale_multiplies_the_rate():
+    base = sum(len(simulate_incidents(FleetSpec(nodes=2048, seed=s), 54)) for s in range(3))
+    double = sum(
+        len(simulate_incidents(FleetSpec(nodes=2048, seed=s, failure_scale=2), 54))
+        for s in range(3)
+    )
+    assert 1.75 < double / base < 2.25
+
+
+def test_incident_records():
+    plan = simulate_incidents(FleetSpec(nodes=64, seed=3, failure_scale=20), 10)
+    recs = plan.incidents()
+    fails = [r for r in recs if r.kind == "failure"]
+    assert len(fails) == len(plan)
+    assert all(r.source == "sim" and r.ts.tzinfo is not None for r in recs)
+    assert [r.ts for r in recs] == sorted(r.ts for r in recs)
+    assert {r.kind for r in recs} == {"failure", "repair"}
+    gpu_fail = next(r for r in fails if r.gpu_uuid is not None)
+    assert gpu_fail.gpu_uuid.startswith("GPU-") and len(gpu_fail.gpu_uuid) == 40
+
+
+def test_simulation_is_fast():
+    import time
+
+    t = time.perf_counter()
+    simulate_incidents(FleetSpec(nodes=2048, seed=0), 54)
+    assert time.perf_counter() - t < 0.5
