@@ -6,6 +6,7 @@ import math
 
 import numpy as np
 import pytest
+
 from fleetcare.collectors.contract import CAUSES
 from fleetcare.collectors.sim import (
     CAUSE_NAMES,

@@ -27,3 +27,8 @@ __all__ = [
     "CAUSE_NAMES", "DECOY_KINDS", "MODELS", "MODES", "FleetLayout", "FleetSpec", "GpuModel",
     "IncidentPlan", "plan_incidents", "simulate_incidents", "summarize",
 ]
+
+from fleetcare.collectors.sim.backend import SimBackend  # noqa: E402
+from fleetcare.collectors.sim.telemetry import Chunk, FleetSimulator, chunk_to_samples  # noqa: E402
+
+__all__ += ["Chunk", "FleetSimulator", "SimBackend", "chunk_to_samples"]

@@ -12,6 +12,7 @@ import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
+
 from fleetcare.collectors.sim.gpu_models import MODELS, GpuModel
 
 DEFAULT_START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)

@@ -18,6 +18,7 @@ import datetime as dt
 from dataclasses import dataclass
 
 import numpy as np
+
 from fleetcare.collectors.contract import CAUSES, Incident
 from fleetcare.collectors.sim.fleet import FleetLayout, FleetSpec
 

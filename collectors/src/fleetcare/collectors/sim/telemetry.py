@@ -1,0 +1,393 @@
+"""Columnar telemetry of the simulated fleet: ``FleetSimulator.history`` yields ``Chunk``s.
+
+Healthy behaviour: node-wide jobs (6-hour blocks with idle gaps, ~84% busy), power and
+temperatures following load with per-GPU offsets, a diurnal ambient swing per rack,
+sensor noise, clock drops under power cap/thermal slowdown (with the matching
+clock-event bits), idle PCIe links at gen 1, rare benign corrected ECC/PCIe/NVLink
+errors, and application XIDs 13/31/43. App-XID rate: one per node per
+``APP_XID_NODE_DAYS`` days of busy time (43 55%, 31 32%, 13 13% after DeepSeek's mix);
+NCSA Delta's XID-31 MTBE of 4.5 node-hours comes from an academic job mix and would
+bury every other signal in a healthy-fleet default.
+
+Precursors (see ``episodes``) ramp in before each failure; a failed node sends nothing
+until its repair; volatile counters reset at repair, aggregate ones at GPU replacement.
+
+A chunk's ``samples`` maps exact ``GpuSample`` field names to arrays of one row per
+(tick, GPU), tick-major; ``ts`` is datetime64[us] (UTC), strings are object arrays,
+``nvlink_*`` are (rows, links); ``retired_pages_*`` are absent (null: row remapping
+replaced page retirement on A100/H100/H200). A mixed-model fleet yields one chunk per
+model per time range (the NVLink width differs).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from fleetcare.collectors.contract import GpuSample, Incident, XidEvent, utc
+from fleetcare.collectors.sim.counters import Counters
+from fleetcare.collectors.sim.episodes import (
+    FLAP_S,
+    HBM,
+    HOT_GPU,
+    PCIE,
+    THERMAL,
+    Episodes,
+    build_episodes,
+)
+from fleetcare.collectors.sim.fleet import FleetSpec
+from fleetcare.collectors.sim.incidents import IncidentPlan, failure_incidents, repair_incidents
+
+ROWS_PER_CHUNK = 1 << 17
+JOB_BLOCK_S = 6 * 3600.0
+APP_XID_NODE_DAYS = 5.0
+APP_XIDS = ((43, 0.55), (31, 0.32), (13, 0.13))
+XID_MESSAGES = {
+    13: "Graphics SM Warp Exception on (GPC 1, TPC 2, SM 0): Out Of Range Address",
+    31: "MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_3 faulted @ 0x7f3a_4c000000. "
+        "Fault is of type FAULT_PDE ACCESS_TYPE_VIRT_READ",
+    43: "Ch 00000010, engmask 00000101, intr 10000000",
+    48: "An uncorrectable double bit error (DBE) has been detected on GPU in the "
+        "framebuffer at partition 6, subpartition 0.",
+    63: "Row Remapper: New row marked for remapping, reset gpu to activate.",
+    64: "Row Remapper: Failed to remap row",
+    74: "NVLink: fatal error detected on link 4(0x0, 0x0, 0x10000, 0x0, 0x0, 0x0, 0x0)",
+    79: "GPU has fallen off the bus.",
+    92: "High single-bit ECC error rate",
+    94: "Contained: SM (0x1). RST: No, D-RST: No",
+    95: "Uncontained: FBHUB. RST: Yes, D-RST: No",
+    119: "Timeout after 6s of waiting for RPC response from GPU0 GSP! Expected function "
+         "76 (GSP_RM_CONTROL) (0x20801348 0x410).",
+    120: "GSP task timeout @ pc:0x4bd36ec, task: 1",
+}
+# nvmlClocksEventReason* bits
+GPU_IDLE, SW_POWER_CAP, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x20, 0x40
+_EPOCH = np.datetime64("1970-01-01T00:00:00", "us")
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Telemetry for ``[start, end)``: columnar samples, XID events and incidents."""
+
+    start: dt.datetime
+    end: dt.datetime
+    samples: dict[str, np.ndarray]
+    events: list[XidEvent] = field(default_factory=list)
+    incidents: list[Incident] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.samples["ts"])
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64 finaliser on uint64 arrays."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
+
+
+def hash_uniform(seed: int, a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
+    """Deterministic uniform [0, 1) from (seed, a, b, k): counter-based, no state."""
+    with np.errstate(over="ignore"):
+        x = (np.uint64(seed * 0x9E3779B97F4A7C15 % 2**64) ^ _mix(a.astype(np.uint64) + np.uint64(k * 0x632BE59BD9B4E019 % 2**64))
+             ^ _mix(b.astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93)))
+        return (_mix(x) >> np.uint64(11)).astype(np.float64) / float(2**53)
+
+
+class Group:
+    """The simulation of some nodes of one GPU model: metrics, counters, events."""
+
+    def __init__(self, sim: FleetSimulator, nodes: np.ndarray) -> None:
+        spec, lay, plan = sim.spec, sim.layout, sim.plan
+        self.sim = sim
+        self.nodes = np.asarray(nodes, dtype=np.int64)
+        gpn = spec.gpus_per_node
+        self.gpn = gpn
+        self.gpus = (self.nodes[:, None] * gpn + np.arange(gpn)).ravel()
+        self.G = len(self.gpus)
+        self.model = lay.models[int(lay.node_model[self.nodes[0]])]
+        m = self.model
+        self.nodes_of = np.repeat(np.arange(len(self.nodes)), gpn)
+        rng = np.random.default_rng([spec.seed, 5])
+        fleet_g = spec.gpus
+        temp_off = rng.normal(0, 2.0, fleet_g)
+        mem_off = rng.normal(0, 1.5, fleet_g)
+        eff = rng.normal(1.0, 0.03, fleet_g)
+        rack_off = rng.normal(0, 1.5, spec.nodes)
+        self.temp_off = temp_off[self.gpus].astype(np.float32)
+        self.mem_off = mem_off[self.gpus].astype(np.float32)
+        self.eff = eff[self.gpus].astype(np.float32)
+        self.rack_off = rack_off[self.nodes]
+        self.phase = hash_uniform(spec.seed, self.nodes, np.zeros_like(self.nodes), 0) * JOB_BLOCK_S
+        # node down intervals and resets from the plan
+        pos = {int(n): i for i, n in enumerate(self.nodes.tolist())}
+        sel = np.flatnonzero(np.isin(plan.node, self.nodes))
+        self.f_idx = sel
+        self.down_t0 = plan.time_h[sel] * 3600.0
+        self.down_t1 = (plan.time_h[sel] + plan.repair_h[sel]) * 3600.0
+        self.down_node = np.array([pos[int(n)] for n in plan.node[sel]], dtype=np.int64)
+        rep = sel[plan.replaced[sel]]
+        repl_local = np.array([pos[int(n)] * gpn + int(g) for n, g in
+                               zip(plan.node[rep], plan.gpu[rep], strict=True)], dtype=np.int64)
+        ep: Episodes = sim.episodes
+        local = np.full(fleet_g, -1, dtype=np.int64)
+        local[self.gpus] = np.arange(self.G)
+        self.local = local
+        self.ep = ep
+        mine = np.flatnonzero(local[ep.gpu] >= 0)
+        self.ep_idx = mine
+        self.ev_sel = np.flatnonzero(local[ep.ev_gpu] >= 0)
+        self.flap_sel = np.flatnonzero(local[ep.flap_gpu] >= 0)
+        self.counters = Counters(
+            seed=spec.seed, gpus=self.gpus, nodes_of=self.nodes_of, nlinks=m.nvlinks,
+            episodes=ep, resets=(self.down_t1, self.down_node),
+            replacements=((plan.time_h[rep] + plan.repair_h[rep]) * 3600.0, repl_local),
+            fleet_gpus=fleet_g,
+        )
+        self.node_names = sim.layout.node_names[self.nodes]
+        self.uuids = sim.layout.gpu_uuids[self.gpus]
+        self.pci = sim.layout.pci_bus_ids[self.gpus]
+        self.gpu_index = np.tile(np.arange(gpn, dtype=np.int64), len(self.nodes))
+
+    # -- healthy behaviour -------------------------------------------------------------
+    def jobs(self, t: np.ndarray, nodes_local: np.ndarray | None = None):
+        """busy (bool) and intensity in [0, 1) for times t (T,) x nodes: (T, N)."""
+        idx = np.arange(len(self.nodes)) if nodes_local is None else nodes_local
+        nodes = self.nodes[idx][None, :]
+        shifted = t[:, None] + self.phase[idx][None, :]
+        block = np.floor(shifted / JOB_BLOCK_S)
+        seed = self.sim.spec.seed
+        b = block.astype(np.int64)
+        u1 = hash_uniform(seed, nodes + 0 * b, b, 1)
+        u2 = hash_uniform(seed, nodes + 0 * b, b, 2)
+        into = shifted - block * JOB_BLOCK_S
+        busy = (u1 >= 0.08) & (into >= JOB_BLOCK_S * 0.25 * u2**2)
+        return busy, hash_uniform(seed, nodes + 0 * b, b, 3)
+
+    def down(self, t: np.ndarray) -> np.ndarray:
+        """(T, N) True where the node is down for repair."""
+        out = np.zeros((len(t), len(self.nodes)), dtype=bool)
+        hit = np.flatnonzero((self.down_t0 <= t[-1]) & (self.down_t1 > t[0]))
+        for i in hit.tolist():
+            out[(t >= self.down_t0[i]) & (t < self.down_t1[i]), self.down_node[i]] = True
+        return out
+
+    def step(self, ticks: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Samples at ``ticks`` (seconds since spec.start) for all GPUs, down rows removed."""
+        m, T, G, gpn = self.model, len(ticks), self.G, self.gpn
+        cnt = self.counters.advance(ticks, rng)
+        busy_n, inten_n = self.jobs(ticks)
+        busy = np.repeat(busy_n, gpn, axis=1)
+        inten = np.repeat(inten_n, gpn, axis=1).astype(np.float32)
+        start = self.sim.spec.start
+        hod = (ticks / 3600.0 + start.hour + start.minute / 60.0) % 24.0
+        amb = 24.0 + 2.0 * np.sin(2 * np.pi * (hod - 9.0) / 24.0)
+        amb_g = (amb[:, None] + np.repeat(self.rack_off, gpn)[None, :]).astype(np.float32)
+        noise = rng.standard_normal((3, T, G), dtype=np.float32)
+        load = np.where(busy, 0.80 + 0.17 * inten + 0.03 * noise[0], 0.0).clip(0, 1.05)
+        span = m.power_limit_w - m.idle_power_w
+        power = m.idle_power_w + span * load * self.eff + 4.0 * noise[1]
+        capped = power > 0.97 * m.power_limit_w
+        power = np.where(capped, m.power_limit_w * (0.965 + 0.01 * np.abs(noise[1])), power)
+        frac = power / m.power_limit_w
+        gtemp = amb_g + m.idle_rise_c + m.load_rise_c * frac + self.temp_off + 0.7 * noise[2]
+        mtemp = gtemp + 3.0 + 6.0 * frac + self.mem_off
+        width = np.full((T, G), m.pcie_width, dtype=np.int64)
+        gen_drop = np.zeros((T, G), dtype=bool)
+        pending = np.zeros((T, G), dtype=bool)
+        rfail = np.zeros((T, G), dtype=bool)
+        ep = self.ep
+        live = self.ep_idx[(ep.t0[self.ep_idx] < ticks[-1]) & (ep.t1[self.ep_idx] > ticks[0])]
+        if len(live):
+            s = ep.ramp(live, ticks)  # (E, T)
+            inside = (ticks[None, :] >= ep.t0[live][:, None]) & (ticks[None, :] < ep.t1[live][:, None])
+            for j, e in enumerate(live.tolist()):
+                g = self.local[ep.gpu[e]]
+                k, a, sj, inj = ep.kind[e], ep.amp[e], s[j], inside[j]
+                if k == THERMAL:
+                    gtemp[:, g] += (18 * a * sj**1.5).astype(np.float32)
+                    mtemp[:, g] += (22 * a * sj**1.5).astype(np.float32)
+                elif k == HOT_GPU:
+                    gtemp[:, g] += np.where(inj, 9 * a, 0).astype(np.float32)
+                    mtemp[:, g] += np.where(inj, 9 * a, 0).astype(np.float32)
+                elif k == PCIE:
+                    width[:, g] = np.where(sj >= ep.wfrac[e], m.pcie_width // 2, width[:, g])
+                    gen_drop[:, g] |= sj >= ep.gfrac[e]
+                elif k == HBM:
+                    pending[:, g] |= inj & (sj >= 0.9)
+                    rfail[:, g] |= inj & (sj >= 0.97) & ep.remap_fail[e]
+        gtemp = np.rint(gtemp)
+        mtemp = np.rint(mtemp)
+        sw_thermal = gtemp >= m.slowdown_temp_c - 2
+        hw_thermal = gtemp >= m.slowdown_temp_c + 3
+        reasons = (np.where(busy, 0, GPU_IDLE) | np.where(capped, SW_POWER_CAP, 0)
+                   | np.where(sw_thermal, SW_THERMAL, 0) | np.where(hw_thermal, HW_THERMAL, 0))
+        sm = np.where(busy, m.sm_clock_max_mhz - np.where(capped, 120 + 60 * np.abs(noise[0]), 0),
+                      m.sm_clock_idle_mhz)
+        sm = sm * np.where(hw_thermal, 0.6, np.where(sw_thermal, 0.8, 1.0))
+        sm = (np.rint(sm / 15.0) * 15).astype(np.int64)
+        power = np.where(sw_thermal, power * 0.85, power)
+        gen = np.where(busy, m.pcie_gen - gen_drop, 1).astype(np.int64)
+        util = np.where(busy, np.clip(np.rint(93 + 5 * noise[2]), 0, 100), 0.0)
+        util_mem = np.where(busy, np.clip(np.rint(30 + 30 * inten + 4 * noise[0]), 0, 100), 0.0)
+        fb = np.where(busy, (m.fb_total_mib * (0.55 + 0.4 * inten)).astype(np.int64), 4)
+        up = np.ones((T, G, m.nvlinks), dtype=bool)
+        if len(self.flap_sel):
+            ft = ep.flap_t[self.flap_sel]
+            hit = np.flatnonzero((ft <= ticks[-1]) & (ft + FLAP_S > ticks[0]))
+            for i in self.flap_sel[hit].tolist():
+                on = (ticks >= ep.flap_t[i]) & (ticks < ep.flap_t[i] + FLAP_S)
+                up[on, self.local[ep.flap_gpu[i]], ep.flap_link[i] % m.nvlinks] = False
+        base = np.datetime64(start.astimezone(dt.UTC).replace(tzinfo=None), "us")
+        ts = base + np.rint(ticks * 1e6).astype("timedelta64[us]")
+        n = T * G
+        cols: dict[str, np.ndarray] = {
+            "ts": np.repeat(ts, G),
+            "node": np.tile(np.repeat(self.node_names, gpn), T),
+            "gpu_uuid": np.tile(self.uuids, T),
+            "gpu_index": np.tile(self.gpu_index, T),
+            "pci_bus_id": np.tile(self.pci, T),
+            "model": np.full(n, m.name, dtype=object),
+            "gpu_temp_c": gtemp.astype(np.float64).ravel(),
+            "mem_temp_c": mtemp.astype(np.float64).ravel(),
+            "power_w": np.round(power.astype(np.float64).ravel(), 1),
+            "power_limit_w": np.full(n, m.power_limit_w),
+            "sm_clock_mhz": sm.ravel(),
+            "mem_clock_mhz": np.full(n, m.mem_clock_mhz, dtype=np.int64),
+            "util_gpu_pct": util.astype(np.float64).ravel(),
+            "util_mem_pct": util_mem.astype(np.float64).ravel(),
+            "fb_used_mib": fb.ravel(),
+            "fb_total_mib": np.full(n, m.fb_total_mib, dtype=np.int64),
+            "ecc_corrected_volatile": cnt["ce_v"].ravel(),
+            "ecc_uncorrected_volatile": cnt["ue_v"].ravel(),
+            "ecc_corrected_aggregate": cnt["ce_a"].ravel(),
+            "ecc_uncorrected_aggregate": cnt["ue_a"].ravel(),
+            "remapped_rows_correctable": cnt["rr_c"].ravel(),
+            "remapped_rows_uncorrectable": cnt["rr_u"].ravel(),
+            "remapped_rows_pending": pending.ravel(),
+            "remapped_rows_failure": rfail.ravel(),
+            "pcie_replay_count": cnt["pcie"].ravel(),
+            "pcie_link_gen": gen.ravel(),
+            "pcie_link_gen_max": np.full(n, m.pcie_gen, dtype=np.int64),
+            "pcie_link_width": width.ravel(),
+            "pcie_link_width_max": np.full(n, m.pcie_width, dtype=np.int64),
+            "nvlink_up": up.reshape(n, -1),
+            "nvlink_crc_flit": cnt["nv_flit"].reshape(n, -1),
+            "nvlink_crc_data": cnt["nv_data"].reshape(n, -1),
+            "nvlink_replay": cnt["nv_replay"].reshape(n, -1),
+            "nvlink_recovery": cnt["nv_recov"].reshape(n, -1),
+            "clock_event_reasons": reasons.astype(np.int64).ravel(),
+        }
+        down = self.down(ticks)
+        if down.any():
+            keep = ~np.repeat(down, gpn, axis=1).ravel()
+            cols = {k: v[keep] for k, v in cols.items()}
+        return cols
+
+    # -- events and incidents ------------------------------------------------------------
+    def events(self, a: float, b: float, rng: np.random.Generator) -> list[XidEvent]:
+        """XIDs with a <= t < b: scheduled (precursor/terminal) plus application XIDs."""
+        ep, lay = self.ep, self.sim.layout
+        sel = self.ev_sel[(ep.ev_t[self.ev_sel] >= a) & (ep.ev_t[self.ev_sel] < b)]
+        t = ep.ev_t[sel]
+        g = ep.ev_gpu[sel]
+        x = ep.ev_xid[sel]
+        # application XIDs on busy, up nodes
+        N = len(self.nodes)
+        k = rng.poisson(N * (b - a) / (APP_XID_NODE_DAYS * 86400.0))
+        an = rng.integers(0, N, size=k)
+        at = rng.uniform(a, b, size=k)
+        ok = np.array([bool(self.jobs(np.array([tt]), np.array([nn]))[0][0, 0])
+                       and not self.down(np.array([tt]))[0, nn]
+                       for tt, nn in zip(at.tolist(), an.tolist(), strict=True)], dtype=bool)
+        ag = self.gpus[an * self.gpn + rng.integers(0, self.gpn, size=k)]
+        ax = rng.choice([v for v, _ in APP_XIDS], size=k, p=[p for _, p in APP_XIDS])
+        t, g, x = np.r_[t, at[ok]], np.r_[g, ag[ok]], np.r_[x, ax[ok]]
+        pids = rng.integers(1000, 4_000_000, size=len(t))
+        order = np.argsort(t, kind="stable")
+        out = []
+        start = self.sim.spec.start
+        for i in order.tolist():
+            gi = int(g[i])
+            xid = int(x[i])
+            app = xid in (13, 31, 43)
+            out.append(XidEvent(
+                ts=start + dt.timedelta(seconds=float(t[i])), node=lay.node_names[gi // self.gpn],
+                xid=xid, message=XID_MESSAGES[xid], source="sim", gpu_uuid=lay.gpu_uuids[gi],
+                gpu_index=gi % self.gpn, pci_bus_id=lay.pci_bus_ids[gi],
+                pid=int(pids[i]) if app else None, process="python" if app else None,
+            ))
+        return out
+
+    def incidents(self, a: float, b: float) -> list[Incident]:
+        f = self.f_idx
+        fails = f[(self.down_t0 >= a) & (self.down_t0 < b)]
+        reps = f[(self.down_t1 >= a) & (self.down_t1 < b)]
+        out = failure_incidents(self.sim.plan, fails) + repair_incidents(self.sim.plan, reps)
+        out.sort(key=lambda r: r.ts)
+        return out
+
+
+class FleetSimulator:
+    """Telemetry of ``spec``'s fleet living through ``plan`` (see module docstring)."""
+
+    def __init__(self, spec: FleetSpec, plan: IncidentPlan) -> None:
+        if plan.spec != spec:
+            raise ValueError("FleetSimulator: plan was simulated for another FleetSpec; "
+                             "pass simulate_incidents(spec, days) of this spec")
+        self.spec = spec
+        self.plan = plan
+        self.layout = plan.layout
+        self.episodes = build_episodes(plan)
+
+    def groups(self, nodes: np.ndarray | None = None) -> list[Group]:
+        """One ``Group`` per GPU model among ``nodes`` (default: all), in model order."""
+        nodes = np.arange(self.spec.nodes) if nodes is None else np.asarray(nodes)
+        nm = self.layout.node_model[nodes]
+        return [Group(self, nodes[nm == k]) for k in range(len(self.layout.model_keys))
+                if (nm == k).any()]
+
+    def seconds(self, ts: dt.datetime) -> float:
+        return (utc(ts) - self.spec.start).total_seconds()
+
+    def history(self, start: dt.datetime, end: dt.datetime, interval_s: float = 60
+                ) -> Iterator[Chunk]:
+        """Chunks covering ticks ``start, start + interval, ... < end``, in time order."""
+        a, b = self.seconds(start), self.seconds(end)
+        if a < 0:
+            raise ValueError(f"history start {start} is before the fleet's start "
+                             f"{self.spec.start}; use a start >= FleetSpec.start")
+        if interval_s <= 0 or b <= a:
+            raise ValueError(f"history needs end > start and interval_s > 0, got "
+                             f"{start}..{end} every {interval_s}s")
+        ticks = np.arange(a, b, float(interval_s))
+        groups = self.groups()
+        per = max(1, min(int(86400 // interval_s) or 1, ROWS_PER_CHUNK // self.spec.gpus))
+        for c0 in range(0, len(ticks), per):
+            tk = ticks[c0:c0 + per]
+            lo, hi = float(tk[0]), float(tk[-1] + interval_s) if c0 + per >= len(ticks) else float(ticks[c0 + per])
+            hi = min(hi, b) if c0 + per >= len(ticks) else hi
+            for gi, grp in enumerate(groups):
+                rng = np.random.default_rng([self.spec.seed, 9, gi, int(round(lo * 1000))])
+                yield Chunk(
+                    start=self.spec.start + dt.timedelta(seconds=lo),
+                    end=self.spec.start + dt.timedelta(seconds=hi),
+                    samples=grp.step(tk, rng),
+                    events=grp.events(lo, hi, rng),
+                    incidents=grp.incidents(lo, hi),
+                )
+
+
+_FIELDS = tuple(f.name for f in __import__("msgspec").structs.fields(GpuSample))
+
+
+def chunk_to_samples(chunk: Chunk) -> list[GpuSample]:
+    """The chunk's rows as ``GpuSample`` objects (slow path: tests, live backend)."""
+    cols = {k: v.tolist() for k, v in chunk.samples.items() if k in _FIELDS}
+    cols["ts"] = [t.replace(tzinfo=dt.UTC) for t in cols["ts"]]
+    names = list(cols)
+    return [GpuSample(**dict(zip(names, row, strict=True)))
+            for row in zip(*cols.values(), strict=True)]
