@@ -148,6 +148,7 @@ class KafkaBus:
         self._topics_ready = not create_topics
         self._inflight: collections.deque[tuple[SpoolItem, Any]] = collections.deque()
         self._next_retry = 0.0
+        self._available = True
         self.sent = 0
         self.spooled = 0
         self.replayed = 0
@@ -243,7 +244,9 @@ class KafkaBus:
             self._drop_producer()
             self._backoff(repr(exc))
             return False
-        log.info("bus.connected servers=%s", ",".join(self.bootstrap_servers))
+        log.info("bus.connected servers=%s spooled_waiting=%d",
+                 ",".join(self.bootstrap_servers), len(self.spool))
+        self._available = True
         return True
 
     def _ensure_topics(self) -> None:
@@ -273,8 +276,11 @@ class KafkaBus:
 
     def _backoff(self, reason: str) -> None:
         self._next_retry = self._clock() + self.retry_interval_s
-        log.info("bus.unavailable servers=%s retry_in_s=%g reason=%s",
-                 ",".join(self.bootstrap_servers), self.retry_interval_s, reason)
+        # loud once per outage, quiet while it lasts
+        level = logging.WARNING if self._available else logging.DEBUG
+        self._available = False
+        log.log(level, "bus.unavailable servers=%s retry_in_s=%g reason=%s",
+                ",".join(self.bootstrap_servers), self.retry_interval_s, reason)
 
     def _drop_producer(self) -> None:
         if self._producer is not None:
