@@ -158,7 +158,7 @@ class _Lane:
 
     # -- state
     @property
-    def bytes(self) -> int:
+    def size(self) -> int:
         return sum(self.sizes.values())
 
     @property
@@ -289,7 +289,7 @@ class Spool:
     @property
     def size_bytes(self) -> int:
         """Bytes the spool's segment files hold on disk (what the bound counts)."""
-        return sum(lane.bytes for lane in self._lanes.values())
+        return sum(lane.size for lane in self._lanes.values())
 
     def append(self, items: Sequence[SpoolItem]) -> None:
         """Store ``items`` durably, in order, behind everything already spooled.
@@ -315,10 +315,10 @@ class Spool:
 
     def _make_room(self, need: int) -> None:
         tel = self._lanes[TELEMETRY]
-        if need > self.max_bytes or self.size_bytes + need - tel.bytes > self.max_bytes:
+        if need > self.max_bytes or self.size_bytes + need - tel.size > self.max_bytes:
             raise BusFullError(
                 f"spool {self.path} (events and incidents, never dropped, hold "
-                f"{self._lanes[EVENTS].bytes} bytes; {need} more requested)",
+                f"{self._lanes[EVENTS].size} bytes; {need} more requested)",
                 self.max_bytes,
             )
         while self.size_bytes + need > self.max_bytes:
