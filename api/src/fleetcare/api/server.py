@@ -1,0 +1,81 @@
+"""Run the API with uvicorn inside this process (the service is one process: ingest,
+scorer and API threads share one DuckDB database).
+
+``serve`` blocks (the CLI's ``fleetcare serve``); ``start_server_thread`` runs uvicorn on
+a daemon thread and returns once the port accepts connections (the demo and the tests).
+Stop either with ``server.should_exit = True``.
+
+Neither configures logging handlers (uvicorn's ``log_config`` is off): the CLI does.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+from fleetcare.pipeline.store import Store
+
+
+def _server(store: Store, host: str, port: int, log_level: str,
+            app: FastAPI | None) -> uvicorn.Server:
+    if app is None:
+        from fleetcare.api.app import create_app
+
+        app = create_app(store)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
+                            log_config=None, access_log=False, lifespan="off")
+    return uvicorn.Server(config)
+
+
+def serve(store: Store, host: str = "127.0.0.1", port: int = 8000, *,
+          log_level: str = "info", app: FastAPI | None = None) -> None:
+    """Serve the API on ``host:port`` until SIGINT/SIGTERM (blocking)."""
+    _server(store, host, port, log_level, app).run()
+
+
+def bound_port(server: uvicorn.Server) -> int:
+    """The port a started server listens on (useful with ``port=0``)."""
+    return int(server.servers[0].sockets[0].getsockname()[1])
+
+
+def start_server_thread(store: Store, host: str = "127.0.0.1", port: int = 0, *,
+                        log_level: str = "warning", app: FastAPI | None = None,
+                        timeout_s: float = 15.0) -> tuple[uvicorn.Server, threading.Thread]:
+    """Start uvicorn on a daemon thread; return once ``host:port`` accepts connections.
+
+    ``port=0`` picks a free port: read it with ``bound_port(server)``. Raises
+    ``RuntimeError`` when the server does not come up (port taken, bad host) in time.
+    """
+    server = _server(store, host, port, log_level, app)
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            server.run()
+        except (SystemExit, Exception) as exc:  # uvicorn sys.exit()s when it cannot bind
+            failure.append(exc)
+
+    thread = threading.Thread(target=run, name=f"fleetcare-api-{port}", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not server.started:
+        if not thread.is_alive():
+            why = repr(failure[0]) if failure else "the server thread ended"
+            raise RuntimeError(
+                f"the fleetcare API did not start on {host}:{port} ({why}; see the "
+                "uvicorn log: is the port already taken? try another port)"
+            )
+        if time.monotonic() > deadline:
+            server.should_exit = True
+            raise RuntimeError(
+                f"the fleetcare API did not start on {host}:{port} within {timeout_s} s"
+            )
+        time.sleep(0.01)
+    # started is set once the sockets listen; check that a client really gets in.
+    with socket.create_connection((host, bound_port(server)), timeout=timeout_s):
+        pass
+    return server, thread
