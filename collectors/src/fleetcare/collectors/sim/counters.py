@@ -53,6 +53,7 @@ class Counters:
             "pcie": np.full(self.G, PCIE_PER_DAY / DAY_S),
             "nv_flit": np.full(self.G, NV_FLIT_PER_LINK_DAY * nlinks / DAY_S),
         }
+        self.cum_rates = {k: np.cumsum(v) for k, v in self.rates.items()}
         self.t = 0.0
         z = np.zeros(self.G, dtype=np.int64)
         self.state: dict[str, np.ndarray] = {
@@ -65,8 +66,7 @@ class Counters:
 
     def _benign(self, rng: np.random.Generator, t_prev: float, t_end: float) -> dict:
         out = {}
-        for name, rate in self.rates.items():
-            cum = np.cumsum(rate)
+        for name, cum in self.cum_rates.items():
             total = cum[-1] * (t_end - t_prev) if self.G else 0.0
             k = rng.poisson(total)
             g = np.minimum(np.searchsorted(cum, rng.random(k) * cum[-1], side="right"),
@@ -101,8 +101,13 @@ class Counters:
             r_agg = self.repl_t[rp & (self.repl_gpu == g)]
             times = np.sort(np.r_[ticks, r_vol, r_agg, t_prev])
             mine = eps[ep_g == g]
-            cum = ep.cumulative(mine, times, self.L)
-            c = {name: v.sum(axis=0) for name, v in cum.items()}  # (K[, L])
+            if len(mine):
+                cum = ep.cumulative(mine, times, self.L)
+                c = {name: v.sum(axis=0) for name, v in cum.items()}  # (K[, L])
+            else:
+                zs, zl = np.zeros(len(times), np.int64), np.zeros((len(times), self.L), np.int64)
+                c = {n: zs for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
+                c.update({n: zl for n in LINK_COUNTERS})
             for name, (bg, bt, bl) in benign.items():
                 sel = bg == g
                 if not sel.any():

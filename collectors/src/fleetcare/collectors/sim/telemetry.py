@@ -150,6 +150,8 @@ class Group:
         self.node_names = sim.layout.node_names[self.nodes]
         self.uuids = sim.layout.gpu_uuids[self.gpus]
         self.pci = sim.layout.pci_bus_ids[self.gpus]
+        self.model_col = np.full(self.G, self.model.name, dtype=object)
+        self.node_col = np.repeat(self.node_names, gpn)
         self.gpu_index = np.tile(np.arange(gpn, dtype=np.int64), len(self.nodes))
 
     # -- healthy behaviour -------------------------------------------------------------
@@ -246,11 +248,11 @@ class Group:
         n = T * G
         cols: dict[str, np.ndarray] = {
             "ts": np.repeat(ts, G),
-            "node": np.tile(np.repeat(self.node_names, gpn), T),
+            "node": np.tile(self.node_col, T),
             "gpu_uuid": np.tile(self.uuids, T),
             "gpu_index": np.tile(self.gpu_index, T),
             "pci_bus_id": np.tile(self.pci, T),
-            "model": np.full(n, m.name, dtype=object),
+            "model": np.tile(self.model_col, T),
             "gpu_temp_c": gtemp.astype(np.float64).ravel(),
             "mem_temp_c": mtemp.astype(np.float64).ravel(),
             "power_w": np.round(power.astype(np.float64).ravel(), 1),
