@@ -1,0 +1,221 @@
+"""Evaluation at node level, in the terms an operator pays for: drains and missed failures.
+
+- Node risk at time t: ``1 - prod(1 - p_gpu)`` over the node's GPUs at t.
+- An *alarm episode* starts at the first node score >= threshold; the node is then
+  drained for H, and further alarms within ``(start, start + H]`` belong to the same
+  episode. An episode with no failure of that node within ``(start, start + H]`` is a
+  *false drain*.
+- A failure at f is *detected* when an episode of its node starts in ``[f - H, f)``;
+  its lead time is ``f - start``.
+- The operating threshold is the lowest one whose false drains stay within the budget
+  (default 1 per 1,000 node-days): it maximises recall under the budget.
+
+With few failures these numbers are noisy; every function returns ``None`` where a
+metric is undefined (no positives, no failures) and never NaN, so results are JSON-safe.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def json_float(x: Any) -> float | None:
+    """A float for JSON, or None for NaN / inf / None."""
+    if x is None:
+        return None
+    x = float(x)
+    return x if math.isfinite(x) else None
+
+
+def node_risk(ts: np.ndarray, node: np.ndarray, p_gpu: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per (ts, node): ``1 - prod(1 - p)``; returns (ts, node, risk) sorted by node, ts."""
+    node = np.asarray(node, dtype=object)
+    ts = np.asarray(ts)
+    if len(ts) == 0:
+        return ts[:0], node[:0], np.zeros(0)
+    keys = np.array([f"{n}\x00" for n in node], dtype=object)
+    order = np.lexsort((ts, keys))
+    ts_s, node_s = ts[order], node[order]
+    with np.errstate(divide="ignore"):
+        logq = np.log1p(-np.clip(np.asarray(p_gpu, dtype=np.float64)[order], 0.0, 1.0))
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (node_s[1:] != node_s[:-1]) | (ts_s[1:] != ts_s[:-1])
+    starts = np.flatnonzero(new)
+    sums = np.add.reduceat(logq, starts)
+    return ts_s[starts], node_s[starts], 1.0 - np.exp(sums)
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    node: str
+    ts: np.datetime64
+    mode: str = "unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class AlarmResult:
+    threshold: float
+    episodes: list[tuple[str, np.datetime64]]
+    false_drains: int
+    detected: list[bool]
+    lead_times_h: list[float]  # one per detected failure, in failure order
+    failures: list[Failure] = field(default_factory=list)
+
+
+def alarm_episodes(ts: np.ndarray, node: np.ndarray, score: np.ndarray, threshold: float,
+                   horizon: np.timedelta64) -> list[tuple[str, np.datetime64]]:
+    """(node, start) of each alarm episode: first score >= threshold, then H of drain."""
+    node = np.asarray(node, dtype=object)
+    hit = np.flatnonzero(np.asarray(score) >= threshold)
+    if len(hit) == 0:
+        return []
+    sub_ts, sub_node = np.asarray(ts)[hit], node[hit]
+    order = np.lexsort((sub_ts, np.array([str(n) for n in sub_node], dtype=object)))
+    out: list[tuple[str, np.datetime64]] = []
+    last: dict[str, np.datetime64] = {}
+    for k in order:
+        n, t = str(sub_node[k]), sub_ts[k]
+        start = last.get(n)
+        if start is not None and t <= start + horizon:
+            continue
+        last[n] = t
+        out.append((n, t))
+    return out
+
+
+def evaluate_alarms(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
+                    failures: Sequence[Failure], threshold: float,
+                    horizon: np.timedelta64) -> AlarmResult:
+    episodes = alarm_episodes(ts, node, score, threshold, horizon)
+    by_node: dict[str, list[np.datetime64]] = {}
+    for n, t in episodes:
+        by_node.setdefault(n, []).append(t)
+    fail_by_node: dict[str, list[np.datetime64]] = {}
+    for f in failures:
+        fail_by_node.setdefault(f.node, []).append(f.ts)
+    false_drains = sum(
+        1 for n, s in episodes
+        if not any(s < f <= s + horizon for f in fail_by_node.get(n, ()))
+    )
+    detected, leads = [], []
+    for f in failures:
+        starts = [s for s in by_node.get(f.node, ()) if f.ts - horizon <= s < f.ts]
+        detected.append(bool(starts))
+        if starts:
+            leads.append(float((f.ts - min(starts)) / np.timedelta64(1, "s")) / 3600.0)
+    return AlarmResult(threshold, episodes, false_drains, detected, leads, list(failures))
+
+
+def _candidates(score: np.ndarray, max_candidates: int) -> np.ndarray:
+    u = np.unique(score[np.isfinite(score)])
+    if len(u) > max_candidates:
+        u = np.unique(np.quantile(u, np.linspace(0.0, 1.0, max_candidates)))
+    return u[::-1]  # strictest first
+
+
+def choose_threshold(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
+                     failures: Sequence[Failure], horizon: np.timedelta64, node_days: float,
+                     *, false_drain_budget: float = 1.0, max_candidates: int = 400
+                     ) -> AlarmResult | None:
+    """The lowest threshold with false drains <= budget per 1,000 node-days (best recall).
+
+    Among thresholds within the budget, the one with the highest recall wins, ties to the
+    higher threshold. None when no threshold fits (or there are no scores).
+    """
+    score = np.asarray(score, dtype=np.float64)
+    if len(score) == 0 or node_days <= 0:
+        return None
+    allowed = false_drain_budget * node_days / 1000.0
+    best: AlarmResult | None = None
+    for thr in _candidates(score, max_candidates):
+        res = evaluate_alarms(ts, node, score, failures, float(thr), horizon)
+        if res.false_drains > allowed:
+            # False drains grow (almost) monotonically as the threshold falls: far past
+            # the budget, looser thresholds will not come back under it.
+            if res.false_drains > 2 * allowed + 5:
+                break
+            continue
+        if best is None or sum(res.detected) > sum(best.detected):
+            best = res
+    if best is None:  # not even the strictest threshold fits: alarm on nothing
+        return None
+    return best
+
+
+def average_precision(y: np.ndarray, score: np.ndarray) -> float | None:
+    y = np.asarray(y, dtype=bool)
+    if len(y) == 0 or y.all() or not y.any():
+        return None
+    from sklearn.metrics import average_precision_score
+
+    return json_float(average_precision_score(y, score))
+
+
+def roc_auc(y: np.ndarray, score: np.ndarray) -> float | None:
+    y = np.asarray(y, dtype=bool)
+    if len(y) == 0 or y.all() or not y.any():
+        return None
+    from sklearn.metrics import roc_auc_score
+
+    return json_float(roc_auc_score(y, score))
+
+
+def expected_calibration_error(y: np.ndarray, p: np.ndarray, *, bins: int = 10) -> float | None:
+    """Weighted mean |observed rate - mean predicted| over equal-width probability bins."""
+    y = np.asarray(y, dtype=np.float64)
+    p = np.clip(np.asarray(p, dtype=np.float64), 0.0, 1.0)
+    if len(y) == 0:
+        return None
+    idx = np.minimum((p * bins).astype(int), bins - 1)
+    err = 0.0
+    for b in range(bins):
+        m = idx == b
+        if m.any():
+            err += m.sum() * abs(y[m].mean() - p[m].mean())
+    return json_float(err / len(y))
+
+
+def node_metrics(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, node_label: np.ndarray,
+                 failures: Sequence[Failure], horizon_h: float, node_days: float,
+                 *, false_drain_budget: float = 1.0) -> dict[str, Any]:
+    """pr_auc, recall_at_budget, false drains, lead time and recall per failure mode."""
+    horizon = np.timedelta64(int(round(horizon_h * 3600)), "s")
+    res = choose_threshold(ts, node, risk, failures, horizon, node_days,
+                           false_drain_budget=false_drain_budget)
+    n_fail = len(failures)
+    out: dict[str, Any] = {
+        "pr_auc": average_precision(node_label, risk),
+        "node_roc_auc": roc_auc(node_label, risk),
+        "n_failures": n_fail,
+        "node_days": json_float(node_days),
+        "threshold": None,
+        "recall_at_budget": None,
+        "false_drains": None,
+        "false_drains_per_1000_node_days": None,
+        "median_lead_time_h": None,
+        "recall_by_mode": {},
+    }
+    modes = sorted({f.mode for f in failures})
+    if res is None:
+        out["recall_by_mode"] = {m: (0.0 if n_fail else None) for m in modes}
+        if n_fail:
+            out["recall_at_budget"] = 0.0
+        return out
+    out["threshold"] = json_float(res.threshold)
+    out["false_drains"] = res.false_drains
+    out["false_drains_per_1000_node_days"] = (
+        json_float(1000.0 * res.false_drains / node_days) if node_days > 0 else None)
+    if n_fail:
+        out["recall_at_budget"] = json_float(sum(res.detected) / n_fail)
+    if res.lead_times_h:
+        out["median_lead_time_h"] = json_float(np.median(res.lead_times_h))
+    for m in modes:
+        hits = [d for f, d in zip(failures, res.detected, strict=True) if f.mode == m]
+        out["recall_by_mode"][m] = json_float(sum(hits) / len(hits))
+    return out

@@ -1,0 +1,323 @@
+"""The fleet-wide failure model: LightGBM, calibrated on a held-out period, serialisable.
+
+``FailureModel`` follows scikit-learn's conventions: ``__init__`` only stores
+hyperparameters, ``fit`` returns ``self``, fitted attributes end in ``_`` and
+``predict_proba`` is calibrated. Training is deterministic: the same data and ``seed``
+give the same booster, byte for byte (``deterministic=True``, row-wise histograms, a
+fixed thread count).
+
+Calibration maps the booster's raw margin to a probability, fitted on a calibration
+period the booster never saw:
+
+- ``isotonic``  when the calibration set has at least ``min_isotonic_positives``
+                positives (non-parametric, needs data);
+- ``sigmoid``   Platt scaling otherwise (two parameters, safe with few positives);
+- ``prior``     when the calibration set is missing or has one class only: the margin
+                is shifted by ``-log(scale_pos_weight)``, undoing the class weighting.
+
+Exceptions::
+
+    ModelError                 base class
+     ├── NotFittedError        predict / explain / serialise before fit
+     ├── FitError     (.n_pos) the training data cannot make a model (no positives, ...)
+     └── ModelFormatError      bytes that are not a serialised FailureModel
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeAlias
+
+import lightgbm as lgb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+FORMAT = "fleetcare.FailureModel/1"
+
+
+class ModelError(Exception):
+    pass
+
+
+class NotFittedError(ModelError):
+    def __init__(self) -> None:
+        super().__init__("this FailureModel is not fitted yet: call fit(X, y, X_cal=, y_cal=) first")
+
+
+class FitError(ModelError):
+    def __init__(self, message: str, *, n_pos: int = 0, n_rows: int = 0) -> None:
+        super().__init__(message)
+        self.n_pos = n_pos
+        self.n_rows = n_rows
+
+
+class ModelFormatError(ModelError):
+    pass
+
+
+# -- inputs ---------------------------------------------------------------------------
+Matrix: TypeAlias = "pa.Table | np.ndarray | Mapping[str, Any]"
+
+
+def as_matrix(X: Matrix, feature_names: Sequence[str] | None = None) -> tuple[np.ndarray, list[str]]:
+    """A float64 matrix (nulls → NaN) and its column names.
+
+    ``X`` is an Arrow table or a mapping of columns (columns picked by ``feature_names``
+    when given, absent ones become all-NaN), or a 2-D array (columns in order).
+    """
+    if isinstance(X, pa.Table | Mapping):
+        cols = list(feature_names) if feature_names is not None else list(
+            X.column_names if isinstance(X, pa.Table) else X.keys()
+        )
+        n = X.num_rows if isinstance(X, pa.Table) else len(next(iter(X.values()), []))
+        out = np.full((n, len(cols)), np.nan, dtype=np.float64)
+        present = X.column_names if isinstance(X, pa.Table) else list(X.keys())
+        for j, name in enumerate(cols):
+            if name not in present:
+                continue
+            col = X.column(name) if isinstance(X, pa.Table) else X[name]
+            if isinstance(col, pa.ChunkedArray | pa.Array):
+                col = pc.fill_null(pc.cast(col, pa.float64()), math.nan).to_numpy(zero_copy_only=False)
+            out[:, j] = np.asarray(col, dtype=np.float64)
+        return out, cols
+    arr = np.asarray(X, dtype=np.float64)
+    if arr.ndim != 2:
+        raise ValueError(f"X must be 2-D (rows x features), got shape {arr.shape}")
+    names = list(feature_names) if feature_names is not None else [f"f{i}" for i in range(arr.shape[1])]
+    if len(names) != arr.shape[1]:
+        raise ValueError(f"{len(names)} feature names for {arr.shape[1]} columns")
+    return arr, names
+
+
+def _as_labels(y: Any) -> np.ndarray:
+    if isinstance(y, pa.ChunkedArray | pa.Array):
+        y = pc.fill_null(y, False).to_numpy(zero_copy_only=False)
+    return np.asarray(y).astype(bool)
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        return 1.0 / (1.0 + np.exp(-z))
+
+
+# -- calibration ------------------------------------------------------------------------
+def _fit_calibrator(margin: np.ndarray, y: np.ndarray, *, spw: float, method: str,
+                    min_isotonic_positives: int) -> dict[str, Any]:
+    n_pos = int(y.sum())
+    if len(y) == 0 or n_pos == 0 or n_pos == len(y):
+        return {"kind": "prior", "shift": -math.log(spw)}
+    kind = method
+    if kind == "auto":
+        kind = "isotonic" if n_pos >= min_isotonic_positives else "sigmoid"
+    if kind == "isotonic":
+        from sklearn.isotonic import IsotonicRegression
+
+        iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
+        iso.fit(margin, y.astype(np.float64))
+        return {"kind": "isotonic", "x": [float(v) for v in iso.X_thresholds_],
+                "y": [float(v) for v in iso.y_thresholds_]}
+    if kind == "sigmoid":
+        from sklearn.linear_model import LogisticRegression
+
+        lr = LogisticRegression(C=1e6, solver="lbfgs", max_iter=1000)
+        lr.fit(margin.reshape(-1, 1), y)
+        return {"kind": "sigmoid", "a": float(lr.coef_[0, 0]), "b": float(lr.intercept_[0])}
+    raise ValueError(f"calibration={method!r}: use 'auto', 'isotonic' or 'sigmoid'")
+
+
+def _apply_calibrator(cal: Mapping[str, Any], margin: np.ndarray) -> np.ndarray:
+    kind = cal["kind"]
+    if kind == "isotonic":
+        return np.interp(margin, np.asarray(cal["x"]), np.asarray(cal["y"]))
+    if kind == "sigmoid":
+        return _sigmoid(cal["a"] * margin + cal["b"])
+    if kind == "prior":
+        return _sigmoid(margin + cal["shift"])
+    raise ModelFormatError(f"unknown calibrator kind {kind!r}")
+
+
+# -- the model --------------------------------------------------------------------------
+class FailureModel:
+    """P(failure within ``horizon_h``) per GPU from its features; LightGBM + calibration."""
+
+    def __init__(self, *, horizon_h: float = 24.0, seed: int = 0, n_estimators: int = 200,
+                 num_leaves: int = 31, learning_rate: float = 0.05,
+                 min_child_samples: int = 10, feature_fraction: float = 0.9,
+                 bagging_fraction: float = 0.8, lambda_l2: float = 1.0,
+                 scale_pos_weight: float | None = None, max_pos_weight: float = 100.0,
+                 calibration: str = "auto", min_isotonic_positives: int = 50,
+                 num_threads: int = 2) -> None:
+        self.horizon_h = horizon_h
+        self.seed = seed
+        self.n_estimators = n_estimators
+        self.num_leaves = num_leaves
+        self.learning_rate = learning_rate
+        self.min_child_samples = min_child_samples
+        self.feature_fraction = feature_fraction
+        self.bagging_fraction = bagging_fraction
+        self.lambda_l2 = lambda_l2
+        self.scale_pos_weight = scale_pos_weight
+        self.max_pos_weight = max_pos_weight
+        self.calibration = calibration
+        self.min_isotonic_positives = min_isotonic_positives
+        self.num_threads = num_threads
+
+    _PARAM_NAMES = ("horizon_h", "seed", "n_estimators", "num_leaves", "learning_rate",
+                    "min_child_samples", "feature_fraction", "bagging_fraction", "lambda_l2",
+                    "scale_pos_weight", "max_pos_weight", "calibration",
+                    "min_isotonic_positives", "num_threads")
+
+    def get_params(self, deep: bool = True) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self._PARAM_NAMES}
+
+    def set_params(self, **params: Any) -> FailureModel:
+        for name, value in params.items():
+            if name not in self._PARAM_NAMES:
+                raise ValueError(f"unknown parameter {name!r}; valid: {', '.join(self._PARAM_NAMES)}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
+        return f"FailureModel({args})"
+
+    def lgb_params(self, spw: float) -> dict[str, Any]:
+        """The LightGBM parameters used (deterministic for a given seed)."""
+        return {
+            "objective": "binary",
+            "learning_rate": self.learning_rate,
+            "num_leaves": self.num_leaves,
+            "min_child_samples": self.min_child_samples,
+            "min_sum_hessian_in_leaf": 1e-3,
+            "feature_fraction": self.feature_fraction,
+            "bagging_fraction": self.bagging_fraction,
+            "bagging_freq": 1 if self.bagging_fraction < 1.0 else 0,
+            "lambda_l2": self.lambda_l2,
+            "scale_pos_weight": spw,
+            "seed": self.seed,
+            "deterministic": True,
+            "force_row_wise": True,
+            "num_threads": self.num_threads,
+            "verbosity": -1,
+        }
+
+    def fit(self, X: Matrix, y: Any, *, X_cal: Matrix | None = None, y_cal: Any = None,
+            feature_names: Sequence[str] | None = None) -> FailureModel:
+        Xm, names = as_matrix(X, feature_names)
+        yv = _as_labels(y)
+        if len(yv) != Xm.shape[0]:
+            raise ValueError(f"X has {Xm.shape[0]} rows but y has {len(yv)}")
+        n_pos = int(yv.sum())
+        if n_pos == 0 or n_pos == len(yv):
+            raise FitError(
+                f"cannot fit a failure model on {len(yv)} rows with {n_pos} positives: the "
+                "training period needs both failures and healthy rows; train on a longer "
+                "range or a larger fleet.", n_pos=n_pos, n_rows=len(yv))
+        spw = self.scale_pos_weight
+        if spw is None:
+            spw = min((len(yv) - n_pos) / n_pos, self.max_pos_weight)
+        spw = max(float(spw), 1.0)
+        params = self.lgb_params(spw)
+        data = lgb.Dataset(Xm, label=yv.astype(np.float64), feature_name=names,
+                           params={"verbosity": -1}, free_raw_data=True)
+        booster = lgb.train(params, data, num_boost_round=self.n_estimators)
+        self.booster_ = booster
+        self.feature_names_in_ = names
+        self.n_features_in_ = len(names)
+        self.classes_ = np.array([False, True])
+        self.scale_pos_weight_ = spw
+        self.n_train_positives_ = n_pos
+        if X_cal is not None and y_cal is not None:
+            Xc, _ = as_matrix(X_cal, names) if not isinstance(X_cal, np.ndarray) else (
+                np.asarray(X_cal, dtype=np.float64), names)
+            yc = _as_labels(y_cal)
+            margin = np.asarray(booster.predict(Xc, raw_score=True, num_threads=self.num_threads))
+        else:
+            yc = np.zeros(0, dtype=bool)
+            margin = np.zeros(0)
+        self.n_cal_positives_ = int(yc.sum())
+        self.calibrator_ = _fit_calibrator(
+            margin, yc, spw=spw, method=self.calibration,
+            min_isotonic_positives=self.min_isotonic_positives)
+        return self
+
+    # -- prediction ---------------------------------------------------------------------
+    def _check(self) -> None:
+        if not hasattr(self, "booster_"):
+            raise NotFittedError()
+
+    def matrix(self, X: Matrix) -> np.ndarray:
+        """``X`` as the booster's input matrix (columns by name for tables)."""
+        self._check()
+        if isinstance(X, np.ndarray):
+            Xm = np.asarray(X, dtype=np.float64)
+            if Xm.ndim != 2 or Xm.shape[1] != self.n_features_in_:
+                raise ValueError(
+                    f"X has shape {Xm.shape}; this model takes {self.n_features_in_} features "
+                    f"({', '.join(self.feature_names_in_[:5])}, ...)")
+            return Xm
+        return as_matrix(X, self.feature_names_in_)[0]
+
+    def decision_function(self, X: Matrix) -> np.ndarray:
+        """The booster's raw margin (log-odds under the class weighting)."""
+        Xm = self.matrix(X)
+        if Xm.shape[0] == 0:
+            return np.zeros(0)
+        return np.asarray(self.booster_.predict(Xm, raw_score=True, num_threads=self.num_threads))
+
+    def predict_proba(self, X: Matrix) -> np.ndarray:
+        """Calibrated probabilities, shape (n, 2): [P(no failure), P(failure within H)]."""
+        margin = self.decision_function(X)
+        p = np.clip(_apply_calibrator(self.calibrator_, margin), 0.0, 1.0)
+        return np.column_stack([1.0 - p, p])
+
+    def predict(self, X: Matrix) -> np.ndarray:
+        return self.predict_proba(X)[:, 1] >= 0.5
+
+    def contributions(self, X: Matrix) -> np.ndarray:
+        """LightGBM's own per-feature contributions to the margin (SHAP), (n, n_features + 1)."""
+        Xm = self.matrix(X)
+        if Xm.shape[0] == 0:
+            return np.zeros((0, self.n_features_in_ + 1))
+        return np.asarray(self.booster_.predict(Xm, pred_contrib=True, num_threads=self.num_threads))
+
+    # -- serialisation --------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        self._check()
+        doc = {
+            "format": FORMAT,
+            "params": self.get_params(),
+            "feature_names": self.feature_names_in_,
+            "scale_pos_weight": self.scale_pos_weight_,
+            "n_train_positives": self.n_train_positives_,
+            "n_cal_positives": self.n_cal_positives_,
+            "calibrator": self.calibrator_,
+            "booster": self.booster_.model_to_string(),
+        }
+        return json.dumps(doc, sort_keys=True).encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes) -> FailureModel:
+        try:
+            doc = json.loads(raw)
+            if doc.get("format") != FORMAT:
+                raise ModelFormatError(
+                    f"format {doc.get('format')!r} is not {FORMAT!r}: not a FailureModel, or "
+                    "written by a newer fleetcare; upgrade fleetcare-models")
+            model = cls(**doc["params"])
+            model.booster_ = lgb.Booster(model_str=doc["booster"])
+            model.feature_names_in_ = list(doc["feature_names"])
+            model.n_features_in_ = len(model.feature_names_in_)
+            model.classes_ = np.array([False, True])
+            model.scale_pos_weight_ = float(doc["scale_pos_weight"])
+            model.n_train_positives_ = int(doc["n_train_positives"])
+            model.n_cal_positives_ = int(doc["n_cal_positives"])
+            model.calibrator_ = dict(doc["calibrator"])
+        except ModelFormatError:
+            raise
+        except (ValueError, KeyError, TypeError, lgb.basic.LightGBMError) as exc:
+            raise ModelFormatError(f"cannot read a FailureModel from {len(raw)} bytes: {exc}") from exc
+        return model

@@ -1,0 +1,208 @@
+"""Live scoring: risk per GPU and per node now, with reasons, kept as history in DuckDB.
+
+Tables and views (created here, IF NOT EXISTS)::
+
+    gpu_scores   (ts TIMESTAMP, node VARCHAR, gpu_uuid VARCHAR, gpu_index BIGINT,
+                  model VARCHAR, risk DOUBLE, reasons JSON, model_id VARCHAR)
+    node_scores  (ts TIMESTAMP, node VARCHAR, risk DOUBLE, reasons JSON,
+                  top_gpu_uuid VARCHAR, model_id VARCHAR)
+    latest_gpu_scores / latest_node_scores   views: the rows of the newest scoring ts,
+                                             highest risk first
+
+``ts`` is the scoring time (UTC); one set of rows per scoring ts and model (scoring the
+same ts again with the same model replaces its rows). ``risk`` is the calibrated
+probability of a failure within the model's horizon; a node's risk is
+``1 - prod(1 - p_gpu)`` and its reasons are its riskiest GPU's, prefixed ``"GPU <index>: "``.
+``reasons`` is a JSON list of sentences.
+
+Exceptions::
+
+    ScoreError    no model to score with
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import threading
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from fleetcare.models import registry
+from fleetcare.models.model import FailureModel
+from fleetcare.models.reasons import explain, fleet_medians
+from fleetcare.models.training import ts_column
+from fleetcare.pipeline.store import Store
+
+DDL = """
+CREATE TABLE IF NOT EXISTS gpu_scores (
+  ts TIMESTAMP NOT NULL, node VARCHAR NOT NULL, gpu_uuid VARCHAR NOT NULL,
+  gpu_index BIGINT, model VARCHAR, risk DOUBLE NOT NULL, reasons JSON NOT NULL,
+  model_id VARCHAR NOT NULL
+);
+CREATE TABLE IF NOT EXISTS node_scores (
+  ts TIMESTAMP NOT NULL, node VARCHAR NOT NULL, risk DOUBLE NOT NULL,
+  reasons JSON NOT NULL, top_gpu_uuid VARCHAR, model_id VARCHAR NOT NULL
+);
+CREATE VIEW IF NOT EXISTS latest_gpu_scores AS
+  SELECT * FROM gpu_scores WHERE ts = (SELECT max(ts) FROM gpu_scores)
+  ORDER BY risk DESC, node, gpu_index;
+CREATE VIEW IF NOT EXISTS latest_node_scores AS
+  SELECT * FROM node_scores WHERE ts = (SELECT max(ts) FROM node_scores)
+  ORDER BY risk DESC, node;
+"""
+
+GPU_SCHEMA = pa.schema([
+    ("ts", pa.timestamp("us")), ("node", pa.string()), ("gpu_uuid", pa.string()),
+    ("gpu_index", pa.int64()), ("model", pa.string()), ("risk", pa.float64()),
+    ("reasons", pa.string()), ("model_id", pa.string()),
+])
+NODE_SCHEMA = pa.schema([
+    ("ts", pa.timestamp("us")), ("node", pa.string()), ("risk", pa.float64()),
+    ("reasons", pa.string()), ("top_gpu_uuid", pa.string()), ("model_id", pa.string()),
+])
+
+
+class ScoreError(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class ScoreResult:
+    ts: dt.datetime | None          # the scoring time (aware UTC); None when nothing scored
+    model_id: str
+    gpu_scores: pa.Table            # GPU_SCHEMA, highest risk first
+    node_scores: pa.Table           # NODE_SCHEMA, highest risk first
+
+
+_cache: dict[str, FailureModel] = {}
+_cache_lock = threading.Lock()
+
+
+_ready: weakref.WeakSet[Store] = weakref.WeakSet()
+
+
+def ensure_schema(store: Store) -> None:
+    """Create the tables (once per Store object)."""
+    if store not in _ready:
+        store.cursor().execute(DDL).fetchall()
+        _ready.add(store)
+
+
+def _model(store: Store, model_id: str) -> FailureModel:
+    # model_id ends in a hash of the bytes, so a cached model never goes stale
+    with _cache_lock:
+        m = _cache.get(model_id)
+    if m is None:
+        m = registry.load(store, model_id)
+        with _cache_lock:
+            if len(_cache) >= 8:
+                _cache.pop(next(iter(_cache)))
+            _cache[model_id] = m
+    return m
+
+
+def _naive(ts: dt.datetime) -> dt.datetime:
+    return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
+
+
+def score(store: Store, *, at: dt.datetime | None = None, model: str | None = None,
+          features: pa.Table | None = None) -> ScoreResult:
+    """Score every live GPU at ``at`` (default: newest telemetry) with ``model`` (a model
+    id; default: the current one), write the rows and return them.
+
+    ``features`` are precomputed latest features (``KEY_COLUMNS`` + feature columns);
+    by default ``fleetcare.pipeline.features.latest_features(store, at)``.
+    """
+
+    ensure_schema(store)
+    if model is None:
+        rec = registry.current(store)
+        if rec is None:
+            raise ScoreError("no current model to score with: train one first "
+                             "(fleetcare.models.training) or promote one from list_models()")
+        model = rec.model_id
+    m = _model(store, model)
+    if features is None:
+        from fleetcare.pipeline import features as pipeline_features
+
+        features = pipeline_features.latest_features(store, at)
+    feats = features
+    if feats.num_rows == 0:
+        return ScoreResult(None, model, GPU_SCHEMA.empty_table(), NODE_SCHEMA.empty_table())
+    p = m.predict_proba(feats)[:, 1]
+    reasons = explain(m, feats, fleet_medians(feats, m.feature_names_in_))
+    ts_naive = _naive(at) if at is not None else ts_column(feats).max().astype(dt.datetime)
+    nodes = [str(n) for n in feats.column("node").to_pylist()]
+    uuids = feats.column("gpu_uuid").to_pylist()
+    idxs = feats.column("gpu_index").to_pylist()
+    gmodels = (feats.column("model").to_pylist() if "model" in feats.column_names
+               else [None] * feats.num_rows)
+
+    order = sorted(range(len(p)), key=lambda i: (-p[i], nodes[i], idxs[i] if idxs[i] is not None else -1))
+    gpu = pa.table({
+        "ts": pa.array([ts_naive] * len(p), pa.timestamp("us")),
+        "node": [nodes[i] for i in order], "gpu_uuid": [uuids[i] for i in order],
+        "gpu_index": pa.array([idxs[i] for i in order], pa.int64()),
+        "model": pa.array([gmodels[i] for i in order], pa.string()),
+        "risk": pa.array([float(p[i]) for i in order], pa.float64()),
+        "reasons": [json.dumps(reasons[i]) for i in order],
+        "model_id": [model] * len(p),
+    }, schema=GPU_SCHEMA)
+
+    # node risk = 1 - prod(1 - p); the riskiest GPU (first in `order`) explains the node
+    logq: dict[str, float] = {}
+    top: dict[str, int] = {}
+    for i in order:
+        n = nodes[i]
+        with np.errstate(divide="ignore"):
+            logq[n] = logq.get(n, 0.0) + float(np.log1p(-min(max(p[i], 0.0), 1.0)))
+        top.setdefault(n, i)
+    node_rows = sorted(((1.0 - float(np.exp(q)), n) for n, q in logq.items()),
+                       key=lambda r: (-r[0], r[1]))
+    node = pa.table({
+        "ts": pa.array([ts_naive] * len(node_rows), pa.timestamp("us")),
+        "node": [n for _, n in node_rows],
+        "risk": pa.array([r for r, _ in node_rows], pa.float64()),
+        "reasons": [json.dumps([f"GPU {idxs[top[n]]}: {s}" for s in reasons[top[n]]])
+                    for _, n in node_rows],
+        "top_gpu_uuid": [uuids[top[n]] for _, n in node_rows],
+        "model_id": [model] * len(node_rows),
+    }, schema=NODE_SCHEMA)
+    _write(store, ts_naive, model, gpu, node)
+    return ScoreResult(ts_naive.replace(tzinfo=dt.UTC), model, gpu, node)
+
+
+def _write(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table, node: pa.Table) -> None:
+    cur = store.cursor()
+    try:
+        cur.execute("BEGIN TRANSACTION")
+        for table, data in (("gpu_scores", gpu), ("node_scores", node)):
+            cur.execute(f"DELETE FROM {table} WHERE ts = ? AND model_id = ?",
+                        [ts, model_id]).fetchall()
+            cur.register("incoming_scores", data)
+            cur.execute(f"INSERT INTO {table} SELECT * FROM incoming_scores").fetchall()
+            cur.unregister("incoming_scores")
+        cur.execute("COMMIT")
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise
+    finally:
+        cur.close()
+
+
+def latest_gpu_scores(store: Store, *, limit: int | None = None) -> pa.Table:
+    """The newest scoring run's GPU rows, highest risk first (reasons as JSON text)."""
+    ensure_schema(store)
+    sql = "SELECT * FROM latest_gpu_scores" + (f" LIMIT {int(limit)}" if limit else "")
+    return store.cursor().sql(sql).to_arrow_table()
+
+
+def latest_node_scores(store: Store, *, limit: int | None = None) -> pa.Table:
+    """The newest scoring run's node rows, highest risk first (reasons as JSON text)."""
+    ensure_schema(store)
+    sql = "SELECT * FROM latest_node_scores" + (f" LIMIT {int(limit)}" if limit else "")
+    return store.cursor().sql(sql).to_arrow_table()

@@ -1,0 +1,224 @@
+"""Train, calibrate and evaluate the failure model on the store's history, split by time.
+
+The grid of scoring times (one row per GPU per hour, from the pipeline's features) is cut
+into three consecutive periods: train (first 60 %), calibrate (next 15 %), test (last
+25 %). Rows whose label window ``(ts, ts + H]`` crosses a boundary are dropped, so no
+label leaks from one period into the one before, and rows whose window runs past the
+end of the data are dropped because their label is not known yet. The model is fitted
+on train, calibrated on cal, and measured on test at node level
+(``fleetcare.models.metrics``); then it is saved in the registry.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from fleetcare.models import metrics as M
+from fleetcare.models import registry
+from fleetcare.models.model import FailureModel
+from fleetcare.pipeline.store import Store
+
+log = logging.getLogger(__name__)
+
+WARMUP = dt.timedelta(hours=24)
+TRAIN_FRACTION = 0.60
+CAL_FRACTION = 0.15
+LABEL_COLUMNS = ("label", "node_label", "failure_ts", "failure_mode", "failure_cause")
+
+Progress = Callable[[str], None]
+
+
+class TrainError(Exception):
+    """The store cannot give a training set (no telemetry, a range with nothing in it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Splits:
+    """Period boundaries (aware UTC): train [start, cal_start), cal [cal_start, test_start),
+    test [test_start, end]."""
+    start: dt.datetime
+    cal_start: dt.datetime
+    test_start: dt.datetime
+    end: dt.datetime
+
+    @classmethod
+    def of(cls, start: dt.datetime, end: dt.datetime) -> Splits:
+        span = end - start
+        return cls(start, start + span * TRAIN_FRACTION,
+                   start + span * (TRAIN_FRACTION + CAL_FRACTION), end)
+
+
+@dataclass(frozen=True, slots=True)
+class TrainResult:
+    model_id: str | None
+    metrics: dict[str, Any]
+    model: FailureModel
+    record: registry.ModelRecord | None = None
+
+
+def _np_ts(value: dt.datetime) -> np.datetime64:
+    if value.tzinfo is not None:
+        value = value.astimezone(dt.UTC).replace(tzinfo=None)
+    return np.datetime64(value, "us")
+
+
+def ts_column(table: pa.Table, name: str = "ts") -> np.ndarray:
+    """A timestamp column as numpy datetime64[us] holding UTC (nulls → NaT)."""
+    col = table.column(name)
+    tz = getattr(col.type, "tz", None)
+    col = pc.cast(col, pa.timestamp("us", tz=tz))
+    nat = np.iinfo(np.int64).min  # numpy's NaT
+    ints = pc.fill_null(pc.cast(col, pa.int64()), nat).to_numpy(zero_copy_only=False)
+    return np.asarray(ints, dtype=np.int64).astype("datetime64[us]")
+
+
+def _bool(table: pa.Table, name: str) -> np.ndarray:
+    return pc.fill_null(table.column(name), False).to_numpy(zero_copy_only=False).astype(bool)
+
+
+def _str(table: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(table.column(name).to_pylist(), dtype=object)
+
+
+def feature_columns(table: pa.Table) -> list[str]:
+    from fleetcare.pipeline.features import KEY_COLUMNS
+
+    skip = set(KEY_COLUMNS) | set(LABEL_COLUMNS)
+    return [c for c in table.column_names if c not in skip]
+
+
+def _failures(table: pa.Table, mask: np.ndarray) -> list[M.Failure]:
+    """The node failures the rows in ``mask`` look ahead to (distinct node, time)."""
+    node_label = _bool(table, "node_label") & mask
+    if not node_label.any():
+        return []
+    idx = np.flatnonzero(node_label)
+    nodes = _str(table, "node")[idx]
+    fts = ts_column(table, "failure_ts")[idx]
+    modes = (_str(table, "failure_mode")[idx] if "failure_mode" in table.column_names
+             else np.full(len(idx), None, dtype=object))
+    seen: dict[tuple[str, np.datetime64], str] = {}
+    for n, f, m in zip(nodes, fts, modes, strict=True):
+        if np.isnat(f):
+            continue
+        seen.setdefault((str(n), f), str(m) if m else "unknown")
+    return [M.Failure(n, f, m) for (n, f), m in sorted(seen.items())]
+
+
+def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_h: float,
+             every_s: int, feature_names: Sequence[str]) -> dict[str, Any]:
+    """Held-out metrics of ``model`` on the rows of ``table`` selected by ``mask``."""
+    test = table.filter(pa.array(mask))
+    p = model.predict_proba(test)[:, 1] if test.num_rows else np.zeros(0)
+    y = _bool(test, "label")
+    ts, node = ts_column(test), _str(test, "node")
+    nts, nnode, risk = M.node_risk(ts, node, p)
+    # node_label per (ts, node): any GPU row of the node says so (they agree by definition)
+    nl = _bool(test, "node_label")
+    lab: dict[tuple[Any, str], bool] = {}
+    for t, n, v in zip(ts, node, nl, strict=True):
+        lab[(t, str(n))] = lab.get((t, str(n)), False) or bool(v)
+    node_label = np.array([lab[(t, str(n))] for t, n in zip(nts, nnode, strict=True)], dtype=bool)
+    node_days = len(nts) * every_s / 86400.0
+    failures = _failures(table, mask)
+    out = M.node_metrics(nts, nnode, risk, node_label, failures, horizon_h, node_days)
+    out.update({
+        "gpu_pr_auc": M.average_precision(y, p),
+        "gpu_roc_auc": M.roc_auc(y, p),
+        "ece": M.expected_calibration_error(y, p),
+        "mean_predicted": M.json_float(p.mean()) if len(p) else None,
+        "observed_rate": M.json_float(y.mean()) if len(y) else None,
+        "test_rows": int(test.num_rows),
+        "test_positives": int(y.sum()),
+    })
+    return out
+
+
+def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0,
+                     seed: int = 0, every_s: int = 3600, label_end: dt.datetime | None = None,
+                     params: dict[str, Any] | None = None, progress: Progress | None = None,
+                     ) -> tuple[FailureModel, dict[str, Any]]:
+    """Fit on train, calibrate on cal, measure on test: the store-free core of ``train``.
+
+    ``table`` holds features (``KEY_COLUMNS`` + float features) and labels
+    (``labels.attach_labels``) on a time grid.
+    """
+    say = progress or (lambda _msg: None)
+    names = feature_columns(table)
+    ts = ts_column(table)
+    H = np.timedelta64(int(round(horizon_h * 3600)), "s")
+    b0, b1, b2 = _np_ts(splits.start), _np_ts(splits.cal_start), _np_ts(splits.test_start)
+    last = _np_ts(label_end or splits.end)
+    train_m = (ts >= b0) & (ts + H <= b1)
+    cal_m = (ts >= b1) & (ts + H <= b2)
+    test_m = (ts >= b2) & (ts + H <= last) & (ts <= _np_ts(splits.end))
+    y = _bool(table, "label")
+    say(f"fitting on {int(train_m.sum())} rows ({int(y[train_m].sum())} positive)")
+    model = FailureModel(horizon_h=horizon_h, seed=seed, **(params or {}))
+    model.fit(table.filter(pa.array(train_m)), y[train_m],
+              X_cal=table.filter(pa.array(cal_m)), y_cal=y[cal_m], feature_names=names)
+    say(f"calibrated ({model.calibrator_['kind']}) on {int(cal_m.sum())} rows "
+        f"({model.n_cal_positives_} positive); evaluating on {int(test_m.sum())} rows")
+    metrics = evaluate(model, table, test_m, horizon_h=horizon_h, every_s=every_s,
+                       feature_names=names)
+    metrics.update({
+        "calibration": model.calibrator_["kind"],
+        "train_rows": int(train_m.sum()), "train_positives": int(y[train_m].sum()),
+        "cal_rows": int(cal_m.sum()), "cal_positives": int(y[cal_m].sum()),
+    })
+    return model, metrics
+
+
+def _telemetry_range(store: Store) -> tuple[dt.datetime, dt.datetime]:
+    lo, hi = store.cursor().execute("SELECT min(ts), max(ts) FROM telemetry").fetchall()[0]
+    if lo is None:
+        raise TrainError("the store has no telemetry to train on: ingest some first")
+    return lo.replace(tzinfo=dt.UTC), hi.replace(tzinfo=dt.UTC)
+
+
+def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
+          start: dt.datetime | None = None, end: dt.datetime | None = None,
+          progress: Progress | None = None, every_s: int = 3600,
+          params: dict[str, Any] | None = None, register: bool = True,
+          created_at: dt.datetime | None = None) -> TrainResult:
+    """Build features and labels from the store, train, evaluate and register a model.
+
+    ``start`` defaults to 24 h after the first telemetry (warm-up for the 24 h windows),
+    ``end`` to the last telemetry. Raises ``TrainError`` when the store is empty and
+    ``FitError`` when the training period has no failures.
+    """
+    from fleetcare.pipeline import features, labels
+
+    say = progress or (lambda _msg: None)
+    lo, hi = _telemetry_range(store)
+    start = start or lo + WARMUP
+    end = end or hi
+    if end <= start:
+        raise TrainError(f"nothing to train on between {start} and {end}: the store holds "
+                         f"telemetry from {lo} to {hi}, and the first {WARMUP} are warm-up")
+    say(f"features {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} every {every_s}s")
+    feats = features.gpu_features(store, start, end, every_s=every_s)
+    say(f"labels for {feats.num_rows} rows, horizon {horizon_h} h")
+    table = labels.attach_labels(store, feats, horizon_h=horizon_h)
+    splits = Splits.of(start, end)
+    model, metrics = fit_and_evaluate(table, splits, horizon_h=horizon_h, seed=seed,
+                                      every_s=every_s, label_end=hi, params=params,
+                                      progress=progress)
+    log.info("model.trained rows=%d pr_auc=%s recall_at_budget=%s", table.num_rows,
+             metrics.get("pr_auc"), metrics.get("recall_at_budget"))
+    if not register:
+        return TrainResult(None, metrics, model)
+    rec = registry.save(store, model, metrics=metrics,
+                        train_range=(splits.start, splits.cal_start),
+                        cal_range=(splits.cal_start, splits.test_start),
+                        test_range=(splits.test_start, splits.end), created_at=created_at)
+    say(f"saved {rec.model_id}{' (current)' if rec.is_current else ''}")
+    return TrainResult(rec.model_id, metrics, model, rec)

@@ -1,0 +1,111 @@
+"""Node-level metrics on hand-made score and failure timelines, with exact values."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from fleetcare.models import metrics as M
+
+T0 = np.datetime64("2025-03-01T00:00:00", "us")
+HOUR = np.timedelta64(1, "h")
+H = 24 * HOUR
+
+
+def _timeline():
+    """Nodes A and B, hourly for 10 days (20 node-days); scores 0 except planted alarms.
+
+    A: 0.9 at h100 and h110 (one episode), failure at h112 (hbm); 0.9 again at h130
+       (a new episode, no failure: false drain).
+    B: 0.5 at h50 (false drain); 0.3 at h190, failure at h200 (thermal).
+    """
+    hours = np.arange(240)
+    ts = np.concatenate([T0 + hours * HOUR, T0 + hours * HOUR])
+    node = np.array(["A"] * 240 + ["B"] * 240, dtype=object)
+    score = np.zeros(480)
+    score[[100, 110, 130]] = 0.9
+    score[240 + 50] = 0.5
+    score[240 + 190] = 0.3
+    failures = [M.Failure("A", T0 + 112 * HOUR, "hbm"), M.Failure("B", T0 + 200 * HOUR, "thermal")]
+    return ts, node, score, failures
+
+
+def test_node_risk_combines_gpus():
+    ts = np.array([T0, T0, T0, T0 + HOUR])
+    ts_n, node_n, risk = M.node_risk(ts, np.array(["a", "a", "b", "a"], dtype=object),
+                                     np.array([0.5, 0.5, 1.0, 0.2]))
+    assert list(node_n) == ["a", "a", "b"]
+    assert list(ts_n) == [T0, T0 + HOUR, T0]
+    np.testing.assert_allclose(risk, [0.75, 0.2, 1.0])
+
+
+def test_alarm_episodes_drain_for_horizon():
+    ts, node, score, _ = _timeline()
+    assert M.alarm_episodes(ts, node, score, 0.8, H) == [("A", T0 + 100 * HOUR),
+                                                          ("A", T0 + 130 * HOUR)]
+    assert [e[1] for e in M.alarm_episodes(ts, node, score, 0.3, H)] == [
+        T0 + 100 * HOUR, T0 + 130 * HOUR, T0 + 50 * HOUR, T0 + 190 * HOUR]
+
+
+def test_evaluate_alarms_exact():
+    ts, node, score, failures = _timeline()
+    r = M.evaluate_alarms(ts, node, score, failures, 0.8, H)
+    assert (r.false_drains, r.detected, r.lead_times_h) == (1, [True, False], [12.0])
+    r = M.evaluate_alarms(ts, node, score, failures, 0.3, H)
+    assert (r.false_drains, r.detected, r.lead_times_h) == (2, [True, True], [12.0, 10.0])
+
+
+def test_threshold_under_false_drain_budget():
+    ts, node, score, failures = _timeline()
+    # 20 node-days: a budget of 100 / 1000 node-days allows 2 false drains
+    r = M.choose_threshold(ts, node, score, failures, H, 20.0, false_drain_budget=100.0)
+    assert r.threshold == 0.3 and sum(r.detected) == 2
+    r = M.choose_threshold(ts, node, score, failures, H, 20.0, false_drain_budget=50.0)
+    assert r.threshold == 0.9 and r.detected == [True, False]
+    assert M.choose_threshold(ts, node, score, failures, H, 20.0) is None  # 1 per 1000
+
+
+def test_node_metrics_exact():
+    ts, node, score, failures = _timeline()
+    node_label = np.array([any(f.node == n and t < f.ts <= t + H for f in failures)
+                           for t, n in zip(ts, node, strict=True)])
+    m = M.node_metrics(ts, node, score, node_label, failures, 24.0, 20.0,
+                       false_drain_budget=50.0)
+    assert m["threshold"] == 0.9
+    assert m["recall_at_budget"] == 0.5
+    assert m["false_drains"] == 1
+    assert m["false_drains_per_1000_node_days"] == 50.0
+    assert m["median_lead_time_h"] == 12.0
+    assert m["recall_by_mode"] == {"hbm": 1.0, "thermal": 0.0}
+    assert m["n_failures"] == 2 and m["node_days"] == 20.0
+    assert 0.0 < m["pr_auc"] < 1.0
+    json.dumps(m, allow_nan=False)
+
+    # the default budget (1 per 1000 node-days) allows no false drain here: nothing alarms
+    m = M.node_metrics(ts, node, score, node_label, failures, 24.0, 20.0)
+    assert m["recall_at_budget"] == 0.0 and m["threshold"] is None
+    assert m["recall_by_mode"] == {"hbm": 0.0, "thermal": 0.0}
+
+
+def test_undefined_metrics_are_null_not_nan():
+    ts, node, score, _ = _timeline()
+    m = M.node_metrics(ts, node, score, np.zeros(len(ts), bool), [], 24.0, 20.0,
+                       false_drain_budget=1000.0)
+    assert m["pr_auc"] is None and m["recall_at_budget"] is None
+    assert m["median_lead_time_h"] is None and m["recall_by_mode"] == {}
+    json.dumps(m, allow_nan=False)
+    empty = np.array([], dtype="datetime64[us]")
+    m = M.node_metrics(empty, np.array([], dtype=object), np.zeros(0), np.zeros(0, bool), [],
+                       24.0, 0.0)
+    assert m["pr_auc"] is None and m["false_drains_per_1000_node_days"] is None
+    json.dumps(m, allow_nan=False)
+
+
+def test_expected_calibration_error():
+    y = np.array([1, 0, 0, 0, 1, 1, 1, 0])
+    p = np.array([0.25, 0.25, 0.25, 0.25, 0.75, 0.75, 0.75, 0.75])
+    assert M.expected_calibration_error(y, p) == 0.0
+    assert M.expected_calibration_error(np.zeros(4), np.full(4, 0.1)) == 0.1
+    assert M.expected_calibration_error(np.zeros(0), np.zeros(0)) is None
+    assert M.json_float(float("nan")) is None and M.json_float(np.float64(2)) == 2.0

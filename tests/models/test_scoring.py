@@ -1,0 +1,63 @@
+"""Scoring writes gpu_scores / node_scores history; latest_* rank by risk."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from fleetcare.models import registry
+from fleetcare.models.model import FailureModel
+from fleetcare.models.scoring import ScoreError, latest_gpu_scores, latest_node_scores, score
+
+from .conftest import T0, planted_rows
+
+
+def _features(at: dt.datetime, ecc: list[float]) -> pa.Table:
+    n = len(ecc)
+    return pa.table({
+        "ts": pa.array([at.replace(tzinfo=None)] * n, pa.timestamp("us")),
+        "node": [f"node-{i // 2}" for i in range(n)],
+        "gpu_uuid": [f"GPU-{i}" for i in range(n)],
+        "gpu_index": pa.array([i % 2 for i in range(n)], pa.int64()),
+        "model": ["H100"] * n,
+        "f0": ecc, "f1": [0.0] * n, "f2": [0.0] * n, "f3": [0.0] * n,
+    })
+
+
+def test_score_writes_history_and_latest(store):
+    with pytest.raises(ScoreError, match="no current model"):
+        score(store, features=_features(T0, [0.0]))
+    X, y = planted_rows(3000, seed=4)
+    model = FailureModel(n_estimators=40).fit(X[:2000], y[:2000], X_cal=X[2000:], y_cal=y[2000:])
+    rec = registry.save(store, model, created_at=T0)
+
+    r1 = score(store, at=T0, features=_features(T0, [0.0, 0.0, 3.0, 0.0]))
+    assert r1.ts == T0 and r1.model_id == rec.model_id
+    assert r1.gpu_scores.column("gpu_uuid").to_pylist()[0] == "GPU-2"  # highest risk first
+    nodes = r1.node_scores.to_pylist()
+    assert [n["node"] for n in nodes] == ["node-1", "node-0"]
+    p = r1.gpu_scores.column("risk").to_pylist()
+    gp = dict(zip(r1.gpu_scores.column("gpu_uuid").to_pylist(), p, strict=True))
+    assert nodes[0]["risk"] == pytest.approx(1 - (1 - gp["GPU-2"]) * (1 - gp["GPU-3"]))
+    assert nodes[0]["top_gpu_uuid"] == "GPU-2"
+    reasons = json.loads(nodes[0]["reasons"])
+    assert reasons and reasons[0].startswith("GPU 0: f0 3")
+
+    t1 = T0 + dt.timedelta(minutes=5)
+    score(store, at=t1, features=_features(t1, [0.0, 3.0, 0.0, 0.0]))
+    score(store, at=t1, features=_features(t1, [0.0, 3.0, 0.0, 0.0]))  # same ts: replaced
+    assert store.cursor().execute("SELECT count(*) FROM gpu_scores").fetchone()[0] == 8
+    assert store.cursor().execute("SELECT count(*) FROM node_scores").fetchone()[0] == 4
+    latest = latest_node_scores(store)
+    assert latest.column("node").to_pylist() == ["node-0", "node-1"]
+    assert latest.column_names == ["ts", "node", "risk", "reasons", "top_gpu_uuid", "model_id"]
+    g = latest_gpu_scores(store, limit=1)
+    assert g.column("gpu_uuid").to_pylist() == ["GPU-1"]
+    assert g.column_names == ["ts", "node", "gpu_uuid", "gpu_index", "model", "risk",
+                              "reasons", "model_id"]
+    risks = latest_gpu_scores(store).column("risk").to_numpy()
+    assert np.all(np.diff(risks) <= 0)
