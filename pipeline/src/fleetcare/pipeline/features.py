@@ -1,4 +1,4 @@
-"""Per-GPU features at scoring times, computed in DuckDB SQL (INTERFACE STUB: being built).
+"""Per-GPU features at scoring times, computed in DuckDB SQL.
 
 The models and the API depend on exactly this interface:
 
@@ -11,41 +11,390 @@ The models and the API depend on exactly this interface:
 - ``latest_features(store, at=None)``: one row per GPU that reported within the last
   ``STALE_AFTER`` before ``at`` (default: the newest telemetry), for live scoring.
 - ``FEATURES``: the catalogue (name, window, definition, unit), which also generates
-  docs/features.md.
+  docs/features.md (``python -m fleetcare.pipeline.features > docs/features.md``).
+
+How windows line up. Features read hourly rollups (``rollup.telemetry_hourly``). On the
+training grid a scoring time ``t`` uses the hours before ``hour_floor(t)``: a window ``W``
+is ``[hour_floor(t) - W, hour_floor(t))`` (for the usual hour-aligned grid, exactly the
+``W`` before ``t``). Live, ``latest_features(at)`` uses the same full hours plus the
+current partial hour ``[hour_floor(at), at]``, so its windows cover between ``W`` and
+``W + 1 h``; at an hour boundary both agree exactly. The ``ts`` column is the scoring time
+(naive UTC, as the store keeps timestamps); feature values are float64 and never null:
+missing values are NaN (see ``feature_defs`` for the fill rules).
 """
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import dataclass
+import logging
+import sys
+import uuid
 
+import duckdb
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
+from fleetcare.pipeline import rollup
+from fleetcare.pipeline.feature_defs import (
+    ERROR_BASES_24H,
+    FEATURES,
+    LEMON_DAYS,
+    NODE_MAX_BASES,
+    REL_BASES,
+    SINCE_CAP_H,
+    WINDOWS,
+    XID_CLASSES,
+    FeatureDef,
+    now_sql,
+    windowed_sql,
+    xid_class,
+)
 from fleetcare.pipeline.store import Store
+
+__all__ = ["FEATURES", "KEY_COLUMNS", "STALE_AFTER", "FeatureDef", "gpu_features",
+           "latest_features", "refresh", "render_docs"]
+
+log = logging.getLogger(__name__)
 
 KEY_COLUMNS = ("ts", "node", "gpu_uuid", "gpu_index", "model")
 STALE_AFTER = dt.timedelta(minutes=30)
-
-
-@dataclass(frozen=True, slots=True)
-class FeatureDef:
-    name: str
-    window: str        # "1h", "6h", "24h", "7d", "28d", "now"
-    unit: str
-    definition: str
-
-
-FEATURES: list[FeatureDef] = []
+FEATURE_NAMES = tuple(f.name for f in FEATURES)
+_LOOKBACK_H = max(WINDOWS.values())
 
 
 def refresh(store: Store, *, until: dt.datetime | None = None) -> None:
-    raise NotImplementedError
+    """Roll up telemetry to ``until`` (default: the newest sample); see ``rollup``."""
+    rollup.refresh(store, until=until)
+
+
+# -- SQL pieces ----------------------------------------------------------------------------
+
+def _lit(ts: dt.datetime) -> str:
+    return f"TIMESTAMP '{rollup._ts(ts).isoformat(sep=' ')}'"
+
+
+def _bus(expr: str) -> str:
+    """PCI bus:device of a bus id, lower case: '00000000:3B:00.0' and '0000:3b:00' → '3b:00'."""
+    return f"regexp_extract(lower({expr}), '([0-9a-f]{{2}}:[0-9a-f]{{2}})(\\.[0-9a-f]+)?$', 1)"
+
+
+_DERIVED = """
+  coalesce(ecc_corrected_volatile_inc, ecc_corrected_aggregate_inc) AS ecc_c,
+  coalesce(ecc_uncorrected_volatile_inc, ecc_uncorrected_aggregate_inc) AS ecc_u,
+  remapped_rows_correctable_inc + remapped_rows_uncorrectable_inc AS remap,
+  retired_pages_sbe_inc + retired_pages_dbe_inc AS retired,
+  pcie_replay_count_inc AS pcie_replay,
+  nvlink_crc_flit_inc + nvlink_crc_data_inc AS nvl_crc,
+  nvlink_replay_inc AS nvl_replay, nvlink_recovery_inc AS nvl_recovery,
+  gpu_temp_sum / nullif(gpu_temp_n, 0) AS temp_h,
+  epoch(hour) / 3600.0 AS xh"""
+
+
+def _xid_buckets(key: str) -> str:
+    cols = ", ".join(f"count_if(cls = '{c}') AS xid_{c}" for c in XID_CLASSES)
+    return f"SELECT {key}, date_trunc('hour', ts) AS hour, {cols} FROM xev GROUP BY ALL"
+
+
+def _xev(lo: str, hi_cond: str) -> str:
+    """XID events with their GPU resolved (uuid, else PCI bus on the node, else index)."""
+    return f"""
+ident AS (
+  SELECT gpu_uuid, arg_max(node, hour) AS node, arg_max(gpu_index, hour) AS gpu_index,
+         arg_max({_bus('pci_bus_id')}, hour) AS bus
+  FROM src GROUP BY gpu_uuid
+),
+ib AS (SELECT node, bus, min(gpu_uuid) AS gpu_uuid FROM ident GROUP BY node, bus),
+ii AS (SELECT node, gpu_index, min(gpu_uuid) AS gpu_uuid FROM ident GROUP BY node, gpu_index),
+xev AS (
+  SELECT e.ts, e.node, coalesce(e.gpu_uuid, ib.gpu_uuid, ii.gpu_uuid) AS gpu_uuid,
+         coalesce(m.cls, 'other') AS cls
+  FROM xid_events e
+  LEFT JOIN xmap m ON m.xid = e.xid
+  LEFT JOIN ib ON ib.node = e.node AND ib.bus = {_bus('e.pci_bus_id')}
+  LEFT JOIN ii ON ii.node = e.node AND ii.gpu_index = e.gpu_index
+  WHERE e.ts >= {lo} AND {hi_cond}
+),
+xb AS ({_xid_buckets('gpu_uuid')})"""
+
+
+def _window_agg(fn: str, expr: str, w: str) -> str:
+    return f"{fn}({expr}) OVER w_{w}"
+
+
+def _tele_window(source: str, lo: str, hi: str) -> str:
+    """Training grid: dense GPU x hour rows, window frames ending at hour te - 1 h."""
+    windows = ", ".join(
+        f"w_{w} AS (PARTITION BY gpu_uuid ORDER BY hour ROWS BETWEEN {h - 1} PRECEDING "
+        "AND CURRENT ROW)" for w, h in WINDOWS.items())
+    feats = ",\n    ".join(f"{sql} AS {name}" for name, sql in windowed_sql(_window_agg))
+    now = ",\n    ".join(f"arg_max({sql}, hour) OVER w_7d AS {name}" for name, sql in now_sql())
+    return f"""
+src AS (SELECT * FROM {source} WHERE hour >= {lo} AND hour < {hi}),
+{_xev(f"{lo} - INTERVAL {LEMON_DAYS * 24 - _LOOKBACK_H} HOUR", f"e.ts < {hi}")},
+dense AS (
+  SELECT g.gpu_uuid, r.hour FROM (SELECT DISTINCT gpu_uuid FROM src) g
+  CROSS JOIN (SELECT unnest(range({lo}, {hi}, INTERVAL 1 HOUR)) AS hour) r
+),
+h AS (
+  SELECT d.gpu_uuid, d.hour, s.* EXCLUDE (gpu_uuid, hour), x.* EXCLUDE (gpu_uuid, hour)
+  FROM dense d
+  LEFT JOIN src s ON s.gpu_uuid = d.gpu_uuid AND s.hour = d.hour
+  LEFT JOIN xb x ON x.gpu_uuid = d.gpu_uuid AND x.hour = d.hour
+),
+h2 AS (SELECT *, {_DERIVED} FROM h),
+w AS (
+  SELECT gpu_uuid, hour + INTERVAL 1 HOUR AS te,
+    arg_max(node, hour) OVER w_7d AS node, arg_max(gpu_index, hour) OVER w_7d AS gpu_index,
+    arg_max(model, hour) OVER w_7d AS model, max(last_ts) OVER w_7d AS last_seen,
+    {feats},
+    {now}
+  FROM h2
+  WINDOW {windows}
+),
+tele AS (
+  SELECT g.ts, w.* FROM grid g JOIN w ON w.te = g.te
+  WHERE w.last_seen >= w.te - INTERVAL {int(STALE_AFTER.total_seconds())} SECOND
+)"""
+
+
+def _tele_group(source: str, at: str) -> str:
+    """Live: one filtered aggregate per GPU over the hours up to ``at`` (partial included)."""
+    hf = f"date_trunc('hour', {at})"
+
+    def agg(fn: str, expr: str, w: str) -> str:
+        return f"{fn}({expr}) FILTER (WHERE hour >= {hf} - INTERVAL {WINDOWS[w]} HOUR)"
+
+    feats = ",\n    ".join(f"{sql} AS {name}" for name, sql in windowed_sql(agg))
+    now = ",\n    ".join(f"arg_max({sql}, hour) AS {name}" for name, sql in now_sql())
+    lo = f"{hf} - INTERVAL {_LOOKBACK_H} HOUR"
+    return f"""
+src AS (SELECT * FROM {source} WHERE hour >= {lo} AND hour <= {hf}),
+{_xev(f"{lo} - INTERVAL {LEMON_DAYS * 24 - _LOOKBACK_H} HOUR", f"e.ts <= {at}")},
+h AS (
+  SELECT s.* EXCLUDE (gpu_uuid, hour), x.* EXCLUDE (gpu_uuid, hour),
+    coalesce(s.gpu_uuid, x.gpu_uuid) AS gpu_uuid, coalesce(s.hour, x.hour) AS hour
+  FROM src s FULL OUTER JOIN (SELECT * FROM xb WHERE hour >= {lo}) x
+    ON x.gpu_uuid = s.gpu_uuid AND x.hour = s.hour
+),
+h2 AS (SELECT *, {_DERIVED} FROM h),
+tele AS (
+  SELECT {at} AS ts, {at} AS te, gpu_uuid,
+    arg_max(node, hour) AS node, arg_max(gpu_index, hour) AS gpu_index,
+    arg_max(model, hour) AS model, max(last_ts) AS last_seen,
+    {feats},
+    {now}
+  FROM h2 GROUP BY gpu_uuid
+  HAVING max(last_ts) >= {at} - INTERVAL {int(STALE_AFTER.total_seconds())} SECOND
+)"""
+
+
+def _tail(since_op: str) -> str:
+    """Joins and fleet context shared by both modes; reads ``tele`` and ``xev``."""
+    asof = "\n  ".join(
+        f"ASOF LEFT JOIN (SELECT gpu_uuid, ts AS ts_{c} FROM xev WHERE cls = '{c}') a_{c} "
+        f"ON t.gpu_uuid = a_{c}.gpu_uuid AND t.te {since_op} a_{c}.ts_{c}"
+        for c in XID_CLASSES)
+    since = ",\n    ".join(
+        f"least({SINCE_CAP_H}, coalesce(epoch(t.te - a_{c}.ts_{c}) / 3600.0, {SINCE_CAP_H}))"
+        f" AS xid_{c}_hours_since" for c in XID_CLASSES)
+    nx_cols = ", ".join(f"sum(xid_{c}) AS node_xid_{c}_24h" for c in XID_CLASSES)
+    nx_sel = ", ".join(f"coalesce(nx.node_xid_{c}_24h, 0) AS node_xid_{c}_24h"
+                       for c in XID_CLASSES)
+    rel_meds = ", ".join(f"median({b}) OVER m AS med_{b}" for b, _ in REL_BASES)
+    rels = ", ".join(f"{b} / (med_{b} + {eps}) AS {b}_rel" for b, eps in REL_BASES)
+    resid_fit = ", ".join(
+        f"regr_slope(gpu_temp_mean_{w}, power_mean_{w}) OVER m AS fb_{w}, "
+        f"regr_intercept(gpu_temp_mean_{w}, power_mean_{w}) OVER m AS fa_{w}, "
+        f"avg(gpu_temp_mean_{w}) OVER m AS fm_{w}" for w in ("1h", "24h"))
+    resid = ", ".join(
+        f"gpu_temp_mean_{w} - coalesce(CASE WHEN isfinite(fa_{w} + fb_{w} * power_mean_{w}) "
+        f"THEN fa_{w} + fb_{w} * power_mean_{w} END, fm_{w}) AS gpu_temp_resid_{w}"
+        for w in ("1h", "24h"))
+    node_max = ", ".join(f"max({b}) OVER n AS node_max_{b}" for b in NODE_MAX_BASES)
+    err = " OR ".join(
+        [f"coalesce({b}, 0) > 0" for b in ERROR_BASES_24H]
+        + [f"xid_{c}_24h > 0" for c in XID_CLASSES if c != "application"])
+    return f""",
+nxb AS ({_xid_buckets('node')}),
+nx AS (
+  SELECT k.te, k.node, {nx_cols}
+  FROM (SELECT DISTINCT te, node FROM tele) k
+  JOIN nxb ON nxb.node = k.node AND nxb.hour >= date_trunc('hour', k.te) - INTERVAL 24 HOUR
+          AND nxb.hour < k.te
+  GROUP BY ALL
+),
+lem AS (
+  SELECT k.te, k.gpu_uuid,
+    count(*) FILTER (WHERE i.kind = 'failure') AS node_failures_28d,
+    count(*) FILTER (WHERE i.kind = 'failure' AND i.gpu_uuid = k.gpu_uuid) AS gpu_failures_28d,
+    count(*) FILTER (WHERE i.kind IN ('repair', 'rma')) AS node_repairs_28d
+  FROM (SELECT DISTINCT te, node, gpu_uuid FROM tele) k
+  JOIN incidents i ON i.node = k.node AND i.ts >= k.te - INTERVAL {LEMON_DAYS} DAY
+                  AND i.ts < k.te
+  GROUP BY ALL
+),
+j AS (
+  SELECT t.*, epoch(t.te - t.last_seen) / 3600.0 AS hours_since_sample,
+    {since}
+  FROM tele t
+  {asof}
+),
+j2 AS (
+  SELECT j.*, {nx_sel},
+    coalesce(lem.gpu_failures_28d, 0) AS gpu_failures_28d,
+    coalesce(lem.node_failures_28d, 0) AS node_failures_28d,
+    coalesce(lem.node_repairs_28d, 0) AS node_repairs_28d
+  FROM j
+  LEFT JOIN nx ON nx.te = j.te AND nx.node = j.node
+  LEFT JOIN lem ON lem.te = j.te AND lem.gpu_uuid = j.gpu_uuid
+),
+fit AS (
+  SELECT *, {resid_fit}, {rel_meds} FROM j2 WINDOW m AS (PARTITION BY te, model)
+),
+rel AS (SELECT *, {resid}, {rels} FROM fit),
+final AS (
+  SELECT *, {node_max},
+    count_if({err}) OVER n AS node_gpus_with_errors_24h,
+    count(*) OVER n AS node_gpus
+  FROM rel WINDOW n AS (PARTITION BY te, node)
+)
+SELECT ts, node, gpu_uuid, gpu_index, model,
+  {", ".join(f"CAST({f} AS DOUBLE) AS {f}" for f in FEATURE_NAMES)}
+FROM final ORDER BY ts, node, gpu_index, gpu_uuid
+"""
+
+
+# -- running -------------------------------------------------------------------------------
+
+def _register_xmap(cur: duckdb.DuckDBPyConnection) -> None:
+    xids = [r[0] for r in cur.execute(
+        "SELECT DISTINCT xid FROM xid_events WHERE xid IS NOT NULL").fetchall()]
+    cur.register("xmap", pa.table({
+        "xid": pa.array(xids, pa.int64()),
+        "cls": pa.array([xid_class(x) for x in xids], pa.string()),
+    }))
+
+
+def _source(cur: duckdb.DuckDBPyConnection, until: dt.datetime, *, exact: bool) -> str:
+    """The hourly rows holding all telemetry up to ``until`` (exactly ``until`` when exact).
+
+    Uses ``telemetry_hourly`` as far as ``refresh`` built it and rolls the rest up on the
+    fly into a temporary table, without changing the stored rollups.
+    """
+    rollup.ensure_tables(cur)
+    mark = rollup.watermark(cur)
+    if mark is not None and (mark == until or (not exact and mark >= until)):
+        return rollup.TABLE
+    if mark is not None:
+        lo = rollup.hour_floor(min(mark, until))
+    else:
+        oldest = cur.execute("SELECT min(ts) FROM telemetry").fetchone()[0]
+        lo = rollup.hour_floor(min(oldest or until, until))
+        log.warning("features.no_rollup until=%s: rolling up all telemetry on the fly; "
+                    "call features.refresh(store) after ingest", until)
+    tmp = f"_fc_hourly_{uuid.uuid4().hex[:12]}"
+    cur.execute(f"CREATE TEMP TABLE {tmp} AS {rollup.rollup_sql(_lit(lo), _lit(until))}"
+                ).fetchall()
+    return (f"(SELECT * FROM {rollup.TABLE} WHERE hour < {_lit(lo)} "
+            f"UNION ALL BY NAME SELECT * FROM {tmp})")
+
+
+def _finish(table: pa.Table) -> pa.Table:
+    """Features as float64 with NaN, never null."""
+    cols = []
+    for name in table.column_names:
+        col = table.column(name)
+        if name not in KEY_COLUMNS:
+            col = pc.fill_null(col.cast(pa.float64()), np.nan)
+        cols.append(col)
+    return pa.table(cols, names=table.column_names)
 
 
 def gpu_features(store: Store, start: dt.datetime, end: dt.datetime, *,
                  every_s: int = 3600) -> pa.Table:
-    raise NotImplementedError
+    """One row per reporting GPU per scoring time ``start, start + every_s, ... <= end``.
+
+    A scoring time ``t`` sees the data before ``hour_floor(t)`` (see the module doc).
+    """
+    if every_s <= 0:
+        raise ValueError(f"every_s={every_s} must be a positive number of seconds")
+    if end < start:
+        raise ValueError(f"end {end} is before start {start}: pass start <= end")
+    start_n, end_n = rollup._ts(start), rollup._ts(end)
+    times = []
+    t = start_n
+    while t <= end_n:
+        times.append(t)
+        t += dt.timedelta(seconds=every_s)
+    grid = pa.table({
+        "ts": pa.array(times, pa.timestamp("us")),
+        "te": pa.array([rollup.hour_floor(x) for x in times], pa.timestamp("us")),
+    })
+    lo = _lit(rollup.hour_floor(start_n) - dt.timedelta(hours=_LOOKBACK_H))
+    hi = _lit(rollup.hour_floor(end_n))
+
+    def sql(source: str) -> str:
+        return "WITH " + _tele_window(source, lo, hi) + _tail(">")
+
+    cur = store.cursor()
+    try:
+        source = _source(cur, rollup.hour_floor(end_n), exact=False)
+        _register_xmap(cur)
+        cur.register("grid", grid)
+        return _finish(cur.sql(sql(source)).to_arrow_table())
+    finally:
+        cur.close()
 
 
 def latest_features(store: Store, at: dt.datetime | None = None) -> pa.Table:
-    raise NotImplementedError
+    """One row per GPU that reported within ``STALE_AFTER`` before ``at`` (default: newest)."""
+    cur = store.cursor()
+    try:
+        if at is None:
+            newest = cur.execute("SELECT max(ts) FROM telemetry").fetchone()[0]
+            if newest is None:
+                newest = dt.datetime(1970, 1, 1)
+            at_n = newest
+        else:
+            at_n = rollup._ts(at)
+        source = _source(cur, at_n, exact=True)
+        _register_xmap(cur)
+        sql = "WITH " + _tele_group(source, _lit(at_n)) + _tail(">=")
+        return _finish(cur.sql(sql).to_arrow_table())
+    finally:
+        cur.close()
+
+
+# -- docs ----------------------------------------------------------------------------------
+
+def render_docs() -> str:
+    """The content of docs/features.md."""
+    lines = [
+        "# Feature catalogue",
+        "",
+        "<!-- Generated by `python -m fleetcare.pipeline.features > docs/features.md`;"
+        " do not edit. -->",
+        "",
+        "One row per GPU per scoring time; key columns: "
+        + ", ".join(f"`{k}`" for k in KEY_COLUMNS) + ". Every feature is float64; NaN "
+        "means not available (a counter the GPU does not support, or no samples). Counts "
+        "are 0 when the counter exists and nothing happened.",
+        "",
+        "Windows end at the scoring time: on the training grid a window `W` is the `W` of "
+        "full hours before the hour of the scoring time; live scoring adds the current "
+        "partial hour. Counters are reset-aware: a drop is a reset, the new value counts "
+        "as the increase. XID classes come from `fleetcare.collectors.xid`.",
+        "",
+        f"{len(FEATURES)} features.",
+        "",
+        "| name | window | unit | definition |",
+        "|---|---|---|---|",
+    ]
+    for f in FEATURES:
+        lines.append(f"| `{f.name}` | {f.window} | {f.unit} | {f.definition} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render_docs())

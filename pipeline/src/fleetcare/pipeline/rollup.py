@@ -1,0 +1,223 @@
+"""Hourly rollups of telemetry, built incrementally: the base every feature is read from.
+
+``telemetry_hourly`` holds one row per GPU per clock hour (``hour`` = the hour's start,
+covering samples with ``hour <= ts < hour + 1 h``). Every column is *mergeable*: counts,
+sums, sums of squares, maxima, and the last value of each counter, so a window of any
+number of hours is an exact aggregate of hourly rows.
+
+Counters are cumulative and reset to 0 on a driver reload or GPU reset. An hour's
+``<counter>_inc`` is the reset-aware sum of step increases: for each sample, ``value -
+previous`` when the value did not drop, else ``value`` (a drop is a reset and the new
+value is what accrued since). The previous value of an hour's first sample is the last
+value of the GPU's newest earlier rollup row (looked up over ``BASELINE_LOOKBACK``); the
+very first sample of a GPU contributes 0 (we cannot know when its count accrued). A null
+sample (counter unsupported, or a failed read) is skipped: the next sample is compared
+with the last non-null one. NVLink counters are summed over the links first and the sum
+is treated as one counter (a driver reload or GPU reset zeroes every link together;
+per-link lambdas cost 3x the whole rollup). ``<counter>_inc`` is null for an hour where
+the counter is unsupported.
+
+``refresh(store, until)`` re-rolls only from the hour of the previous watermark (the
+newest ``until`` rolled up, kept in ``meta``): the last, partial hour is rebuilt, older
+hours are never touched. Telemetry that arrives late with a timestamp before that hour
+(a spool replayed after a long broker outage) is not picked up until
+``refresh(store, full=True)`` rebuilds everything.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+
+import duckdb
+
+from fleetcare.pipeline.store import Store
+
+log = logging.getLogger(__name__)
+
+TABLE = "telemetry_hourly"
+WATERMARK_KEY = "features.rollup_until"
+BASELINE_LOOKBACK = dt.timedelta(days=7)
+"""How far back the previous value of a counter is looked for (older: first sample = 0)."""
+
+SCALAR_COUNTERS = (
+    "ecc_corrected_volatile", "ecc_uncorrected_volatile",
+    "ecc_corrected_aggregate", "ecc_uncorrected_aggregate",
+    "retired_pages_sbe", "retired_pages_dbe",
+    "remapped_rows_correctable", "remapped_rows_uncorrectable",
+    "pcie_replay_count",
+)
+LINK_COUNTERS = ("nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay", "nvlink_recovery")
+FLAGS = ("remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending")
+
+# nvmlClocksEventReason* bits
+THERMAL_BITS = 0x20 | 0x40      # SW thermal slowdown | HW thermal slowdown
+POWER_BITS = 0x80 | 0x4         # HW power brake | SW power cap
+HW_SLOWDOWN_BITS = 0x8
+
+DDL = f"""
+CREATE TABLE IF NOT EXISTS {TABLE} (
+  hour TIMESTAMP NOT NULL,
+  gpu_uuid VARCHAR NOT NULL,
+  node VARCHAR, gpu_index BIGINT, pci_bus_id VARCHAR, model VARCHAR,
+  n BIGINT, first_ts TIMESTAMP, last_ts TIMESTAMP,
+  {", ".join(f"{c}_inc BIGINT, {c}_last BIGINT" for c in SCALAR_COUNTERS)},
+  {", ".join(f"{c}_inc BIGINT, {c}_last BIGINT" for c in LINK_COUNTERS)},
+  nvlink_up_last BOOLEAN[], nvlink_flaps BIGINT, nvlink_down_last BIGINT, nvlink_links BIGINT,
+  {", ".join(f"{f}_last BOOLEAN" for f in FLAGS)},
+  pcie_n BIGINT, pcie_width_down_n BIGINT, pcie_gen_down_n BIGINT,
+  pcie_width_down_last BOOLEAN, pcie_gen_down_last BOOLEAN,
+  gpu_temp_n BIGINT, gpu_temp_sum DOUBLE, gpu_temp_sumsq DOUBLE, gpu_temp_max DOUBLE,
+  gpu_temp_last DOUBLE,
+  mem_temp_n BIGINT, mem_temp_sum DOUBLE, mem_temp_max DOUBLE,
+  power_n BIGINT, power_sum DOUBLE, util_n BIGINT, util_sum DOUBLE,
+  thr_n BIGINT, thr_thermal_n BIGINT, thr_power_n BIGINT, thr_hw_n BIGINT
+);
+"""
+
+_STATE_COLS = (
+    [f"{c}_last" for c in SCALAR_COUNTERS]
+    + [f"{c}_last" for c in LINK_COUNTERS]
+    + ["nvlink_up_last"]
+)
+
+
+def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(DDL).fetchall()
+
+
+def _ts(value: dt.datetime) -> dt.datetime:
+    """A timestamp as DuckDB stores it: naive UTC."""
+    return value.astimezone(dt.UTC).replace(tzinfo=None) if value.tzinfo else value
+
+
+def hour_floor(value: dt.datetime) -> dt.datetime:
+    return value.replace(minute=0, second=0, microsecond=0)
+
+
+def _inc(cur: str, prev: str) -> str:
+    return (f"CASE WHEN {cur} IS NULL THEN NULL WHEN {prev} IS NULL THEN 0 "
+            f"WHEN {cur} >= {prev} THEN {cur} - {prev} ELSE {cur} END")
+
+
+def rollup_sql(lo: str, hi: str) -> str:
+    """SELECT of hourly rows from raw telemetry with ``lo <= ts <= hi``.
+
+    ``lo`` / ``hi`` are SQL expressions (parameters or literals); ``lo`` must be on an hour
+    boundary. Baselines come from ``telemetry_hourly`` rows before ``lo``.
+    """
+    base_state = ", ".join(f"arg_max({c}, hour) AS {c[:-5]}" for c in _STATE_COLS)
+    raw_cols = ", ".join(
+        [c for c in SCALAR_COUNTERS] + [f"list_sum({c}) AS {c}" for c in LINK_COUNTERS]
+        + ["nvlink_up"])
+    prevs = ",\n      ".join(
+        f"lag({c[:-5]} IGNORE NULLS) OVER w AS {c[:-5]}_prev" for c in _STATE_COLS
+    )
+    incs = ",\n  ".join(
+        [f"sum({_inc(c, c + '_prev')}) AS {c}_inc, arg_max({c}, ts) AS {c}_last"
+         for c in SCALAR_COUNTERS]
+        + [f"sum({_inc(c, c + '_prev')}) AS {c}_inc, arg_max({c}, ts) AS {c}_last"
+           for c in LINK_COUNTERS]
+    )
+    flaps = ("CASE WHEN nvlink_up IS NULL THEN NULL WHEN nvlink_up_prev IS NULL THEN 0 ELSE "
+             "list_count(list_filter(list_zip(nvlink_up_prev, nvlink_up), "
+             "lambda x: x[1] AND NOT x[2])) END")
+    flags = ", ".join(f"arg_max({f}, ts) AS {f}_last" for f in FLAGS)
+    return f"""
+WITH base AS (
+  SELECT gpu_uuid, max(last_ts) AS ts, {base_state}, TRUE AS is_base
+  FROM {TABLE}
+  WHERE hour < {lo} AND hour >= {lo} - INTERVAL {int(BASELINE_LOOKBACK.total_seconds())} SECOND
+  GROUP BY gpu_uuid
+),
+raw AS (
+  SELECT ts, gpu_uuid, node, gpu_index, pci_bus_id, model, {raw_cols},
+         {", ".join(FLAGS)}, pcie_link_width, pcie_link_width_max, pcie_link_gen,
+         pcie_link_gen_max, gpu_temp_c, mem_temp_c, power_w, util_gpu_pct,
+         clock_event_reasons, FALSE AS is_base
+  FROM telemetry WHERE ts >= {lo} AND ts <= {hi}
+  UNION ALL BY NAME
+  SELECT * FROM base
+),
+d AS (
+  SELECT *,
+      {prevs},
+      pcie_link_width < pcie_link_width_max AS width_down,
+      pcie_link_gen < pcie_link_gen_max AS gen_down
+  FROM raw
+  WINDOW w AS (PARTITION BY gpu_uuid ORDER BY ts)
+)
+SELECT date_trunc('hour', ts) AS hour, gpu_uuid,
+  arg_max(node, ts) AS node, arg_max(gpu_index, ts) AS gpu_index,
+  arg_max(pci_bus_id, ts) AS pci_bus_id, arg_max(model, ts) AS model,
+  count(*) AS n, min(ts) AS first_ts, max(ts) AS last_ts,
+  {incs},
+  arg_max(nvlink_up, ts) AS nvlink_up_last,
+  sum({flaps}) AS nvlink_flaps,
+  arg_max(list_count(list_filter(nvlink_up, lambda x: NOT x)), ts) AS nvlink_down_last,
+  arg_max(len(nvlink_up), ts) AS nvlink_links,
+  {flags},
+  count(width_down) AS pcie_n, count_if(width_down) AS pcie_width_down_n,
+  count_if(gen_down) AS pcie_gen_down_n,
+  arg_max(width_down, ts) AS pcie_width_down_last, arg_max(gen_down, ts) AS pcie_gen_down_last,
+  count(gpu_temp_c) AS gpu_temp_n, sum(gpu_temp_c) AS gpu_temp_sum,
+  sum(gpu_temp_c * gpu_temp_c) AS gpu_temp_sumsq, max(gpu_temp_c) AS gpu_temp_max,
+  arg_max(gpu_temp_c, ts) AS gpu_temp_last,
+  count(mem_temp_c) AS mem_temp_n, sum(mem_temp_c) AS mem_temp_sum,
+  max(mem_temp_c) AS mem_temp_max,
+  count(power_w) AS power_n, sum(power_w) AS power_sum,
+  count(util_gpu_pct) AS util_n, sum(util_gpu_pct) AS util_sum,
+  count(clock_event_reasons) AS thr_n,
+  count_if((clock_event_reasons & {THERMAL_BITS}) <> 0) AS thr_thermal_n,
+  count_if((clock_event_reasons & {POWER_BITS}) <> 0) AS thr_power_n,
+  count_if((clock_event_reasons & {HW_SLOWDOWN_BITS}) <> 0) AS thr_hw_n
+FROM d WHERE NOT is_base
+GROUP BY ALL
+"""
+
+
+def watermark(con: duckdb.DuckDBPyConnection) -> dt.datetime | None:
+    row = con.execute("SELECT value FROM meta WHERE key = ?", [WATERMARK_KEY]).fetchone()
+    return dt.datetime.fromisoformat(row[0]) if row else None
+
+
+def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = False) -> None:
+    """Roll telemetry up to ``until`` (default: the newest sample) into ``telemetry_hourly``.
+
+    Rebuilds the hours from the previous watermark's hour on (the last, partial hour
+    included); ``full=True`` rebuilds every hour.
+    """
+    cur = store.cursor()
+    try:
+        ensure_tables(cur)
+        if until is None:
+            newest = cur.execute("SELECT max(ts) FROM telemetry").fetchone()[0]
+            if newest is None:
+                return
+            hi = newest
+        else:
+            hi = _ts(until)
+        mark = None if full else watermark(cur)
+        if mark is None:
+            oldest = cur.execute("SELECT min(ts) FROM telemetry").fetchone()[0]
+            if oldest is None:
+                return
+            lo = hour_floor(min(oldest, hi))
+        else:
+            lo = hour_floor(min(mark, hi))
+        cur.execute("BEGIN TRANSACTION").fetchall()
+        try:
+            cur.execute(f"DELETE FROM {TABLE} WHERE hour >= ?", [lo]).fetchall()
+            added = cur.execute(
+                f"INSERT INTO {TABLE} BY NAME {rollup_sql('$lo', '$hi')}", {"lo": lo, "hi": hi}
+            ).fetchall()[0][0]
+            cur.execute(
+                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [WATERMARK_KEY, hi.isoformat()]
+            ).fetchall()
+            cur.execute("COMMIT").fetchall()
+        except BaseException:
+            cur.execute("ROLLBACK").fetchall()
+            raise
+        log.info("features.rollup from=%s until=%s rows=%d", lo, hi, added)
+    finally:
+        cur.close()
