@@ -83,3 +83,5 @@ def split_batch(batch: Batch) -> list[tuple[str, Batch]]:
         parts.append((EVENTS_TOPIC, Batch(**common, events=batch.events,
                                           incidents=batch.incidents)))
     return parts
+
+from fleetcare.collectors.transport.factory import open_bus  # noqa: E402  (needs the names above)
