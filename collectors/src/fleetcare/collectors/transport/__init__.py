@@ -84,4 +84,4 @@ def split_batch(batch: Batch) -> list[tuple[str, Batch]]:
                                           incidents=batch.incidents)))
     return parts
 
-from fleetcare.collectors.transport.factory import open_bus  # noqa: E402  (needs the names above)
+from fleetcare.collectors.transport.factory import open_bus as open_bus  # noqa: E402  (needs the names above)
