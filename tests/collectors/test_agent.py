@@ -7,7 +7,6 @@ from fleetcare.collectors.agent import Agent
 from fleetcare.collectors.backend import GpuBackend, Reading
 from fleetcare.collectors.contract import Batch, XidEvent
 from fleetcare.collectors.transport import BusFullError
-
 from tests.collectors.test_contract import sample
 
 

@@ -4,6 +4,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
 from fleetcare.collectors.config import ConfigError, describe, load
 
 

@@ -4,6 +4,7 @@ import datetime as dt
 
 import msgspec
 import pytest
+
 from fleetcare.collectors.contract import (
     CAUSES,
     SCHEMA_VERSION,

@@ -1,4 +1,5 @@
 import pytest
+
 from fleetcare.collectors.durations import parse_duration
 
 

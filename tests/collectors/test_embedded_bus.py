@@ -4,10 +4,10 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
+
 from fleetcare.collectors.contract import SCHEMA_VERSION, Batch, XidEvent, decode_batch
 from fleetcare.collectors.transport import EVENTS_TOPIC, TELEMETRY_TOPIC, BusFullError
 from fleetcare.collectors.transport.embedded import EmbeddedBus, EmbeddedConsumer
-
 from tests.collectors.test_contract import sample
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from fleetcare.collectors.backend import BackendError, GpuBackend
 from fleetcare.collectors.contract import GpuSample, Incident
 from fleetcare.collectors.nvml import NVML_FUNCTIONS, NvmlBackend, normalize_pci_bus_id

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from fleetcare.collectors.backend import BackendError
 from fleetcare.collectors.nvml import NVML_CONSTANTS, NVML_FUNCTIONS, NvmlBackend
 

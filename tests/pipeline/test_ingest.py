@@ -7,7 +7,6 @@ from fleetcare.collectors.contract import SCHEMA_VERSION, Batch, encode_batch
 from fleetcare.collectors.transport import TELEMETRY_TOPIC, Record
 from fleetcare.pipeline.ingest import Ingestor
 from fleetcare.pipeline.store import Store
-
 from tests.collectors.test_contract import sample
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
