@@ -23,6 +23,7 @@ import duckdb
 import msgspec
 import numpy as np
 import pyarrow as pa
+
 from fleetcare.collectors.contract import Batch, GpuSample, Incident, XidEvent
 from fleetcare.pipeline import schema
 
