@@ -1,0 +1,305 @@
+"""``fleetcare``: simulate a fleet, train the model, serve the risk API, run the demo.
+
+    fleetcare simulate --nodes 64 --days 30 --seed 1 --db var/fleet.duckdb
+    fleetcare simulate --nodes 2048 --days 54 --incidents-only --json
+    fleetcare train --db var/fleet.duckdb --horizon 24h --json
+    fleetcare score --db var/fleet.duckdb --json
+    fleetcare serve --db var/fleet.duckdb --port 8000
+    fleetcare demo [--once --json]
+
+Usage errors exit 2 naming the flag; operational errors go to stderr with exit 1.
+Every command reads ``FLEETCARE_*`` environment variables and ``--config FILE`` (TOML).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fleetcare.collectors.config import ConfigError, load
+from fleetcare.collectors.durations import parse_duration
+
+log = logging.getLogger("fleetcare")
+
+
+class CliError(Exception):
+    """An operational error: printed to stderr, exit 1."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    db: str = "var/fleetcare.duckdb"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    horizon: str = "24h"
+    seed: int = 0
+    log_level: str = "warning"
+
+
+def _progress(desc: str, enabled: bool = True) -> Any:
+    from tqdm import tqdm
+
+    bar = tqdm(total=1, desc=desc, unit="tick", disable=None if enabled else True,
+               file=sys.stderr, dynamic_ncols=True)
+
+    def update(done: int, total: int) -> None:
+        bar.total = total
+        bar.n = done
+        bar.refresh()
+
+    update.close = bar.close  # type: ignore[attr-defined]
+    return update
+
+
+def _print_json(obj: object) -> None:
+    print(json.dumps(obj, indent=None, sort_keys=False, allow_nan=False))
+
+
+# -- simulate -----------------------------------------------------------------------------
+def cmd_simulate(args: argparse.Namespace, cfg: Settings) -> int:
+    from fleetcare.collectors.sim import FleetSpec, simulate_incidents, summarize
+
+    spec = FleetSpec(nodes=args.nodes, seed=args.seed if args.seed is not None else cfg.seed,
+                     model=args.model, failure_scale=args.failure_scale)
+    plan = simulate_incidents(spec, args.days)
+    summary = summarize(plan)
+    if args.incidents_only:
+        if args.json:
+            _print_json(summary)
+        else:
+            inc = summary["incidents"]
+            print(f"simulated {summary['nodes']} nodes / {summary['gpus']} GPUs for "
+                  f"{summary['days']} days: {inc['total']} failures, {inc['gpu_caused']} GPU-caused")
+            for cause, n in sorted(inc["by_cause"].items(), key=lambda kv: -kv[1]):
+                print(f"  {cause:30s} {n:5d}")
+        return 0
+    from fleetcare.collectors.sim.telemetry import FleetSimulator
+    from fleetcare.pipeline.simload import load_history, mark_simulated
+    from fleetcare.pipeline.store import Store
+
+    db = args.db or cfg.db
+    Path(db).parent.mkdir(parents=True, exist_ok=True)
+    store = Store(db)
+    end = spec.start + dt.timedelta(days=args.days)
+    progress = _progress("simulate")
+    result = load_history(store, FleetSimulator(spec, plan), spec.start, end,
+                          interval_s=parse_duration(args.interval), progress=progress)
+    progress.close()
+    mark_simulated(store, f"nodes={spec.nodes} days={args.days} seed={spec.seed} "
+                          f"model={spec.model} failure_scale={spec.failure_scale}")
+    store.close()
+    out = {**summary, "db": db, "rows": {"telemetry": result.samples, "xid_events": result.events,
+                                          "incidents": result.incidents}, "simulated": True}
+    if args.json:
+        _print_json(out)
+    else:
+        print(f"wrote {result.samples:,} samples, {result.events:,} XID events and "
+              f"{result.incidents:,} incidents (simulated) to {db}")
+    return 0
+
+
+# -- train / score ---------------------------------------------------------------------------
+def _train(store: Any, horizon_h: float, seed: int) -> Any:
+    from fleetcare.models.training import train
+    from fleetcare.pipeline import features
+
+    features.refresh(store)
+    return train(store, horizon_h=horizon_h, seed=seed)
+
+
+def _model_json(result: Any) -> dict[str, Any]:
+    return {"model_id": result.model_id, "metrics": result.metrics}
+
+
+def cmd_train(args: argparse.Namespace, cfg: Settings) -> int:
+    from fleetcare.pipeline.store import Store
+
+    horizon_h = parse_duration(args.horizon or cfg.horizon) / 3600
+    store = Store(_existing_db(args.db or cfg.db))
+    result = _train(store, horizon_h, args.seed if args.seed is not None else cfg.seed)
+    store.close()
+    if args.json:
+        _print_json(_model_json(result))
+    else:
+        print(f"trained {result.model_id} (horizon {horizon_h:g} h); held-out metrics:")
+        for k, v in result.metrics.items():
+            print(f"  {k:36s} {v}")
+    return 0
+
+
+def _top_risk(store: Any, limit: int) -> list[dict[str, Any]]:
+    """The highest-risk nodes of the latest scoring: node, risk, reasons (sentences)."""
+    from fleetcare.models.scoring import latest_node_scores
+
+    out = []
+    for r in latest_node_scores(store, limit=limit).to_pylist():
+        reasons = json.loads(r["reasons"]) if isinstance(r["reasons"], str) else r["reasons"]
+        out.append({"node": r["node"], "risk": round(float(r["risk"]), 4),
+                    "reasons": list(reasons or [])})
+    return out
+
+
+def cmd_score(args: argparse.Namespace, cfg: Settings) -> int:
+    from fleetcare.models.scoring import score
+    from fleetcare.pipeline import features
+    from fleetcare.pipeline.store import Store
+
+    store = Store(_existing_db(args.db or cfg.db))
+    features.refresh(store)
+    score(store)
+    top = _top_risk(store, args.limit)
+    store.close()
+    if args.json:
+        _print_json({"top_risk": top})
+    else:
+        _print_top(top)
+    return 0
+
+
+def _print_top(top: list[dict[str, Any]]) -> None:
+    print(f"{'node':14s} {'risk':>6s}  reasons")
+    for r in top:
+        reasons = "; ".join(r["reasons"][:2]) or "-"
+        print(f"{r['node']:14s} {r['risk']:6.3f}  {reasons}")
+
+
+def _existing_db(db: str) -> str:
+    if not Path(db).exists():
+        raise CliError(f"database {db} does not exist: create it with "
+                       f"`fleetcare simulate --db {db}` or point --db at an existing one")
+    return db
+
+
+# -- serve ---------------------------------------------------------------------------------------
+def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
+    from fleetcare.api.app import create_app, serve
+    from fleetcare.api.service import Service
+    from fleetcare.pipeline.store import Store
+
+    store = Store(_existing_db(args.db or cfg.db))
+    consumer = None
+    if args.bus:
+        from fleetcare.collectors.transport.embedded import EmbeddedConsumer
+
+        consumer = EmbeddedConsumer.from_url(args.bus)
+    svc = Service(store, consumer=consumer, score_every_s=parse_duration(args.score_every))
+    svc.start()
+    try:
+        serve(store, host=args.host or cfg.host, port=args.port or cfg.port, app=create_app(store))
+    finally:
+        svc.stop()
+        store.close()
+    return 0
+
+
+# -- demo ------------------------------------------------------------------------------------------
+def cmd_demo(args: argparse.Namespace, cfg: Settings) -> int:
+    from fleetcare.api.demo import run_demo
+
+    return run_demo(args)
+
+
+# -- argument parsing ---------------------------------------------------------------------------------
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="fleetcare",
+        description="Predictive maintenance for GPU fleets: learn from fleet-wide telemetry "
+                    "which GPUs are about to fail, and drain their nodes before they crash "
+                    "a training job.",
+        epilog="Environment: FLEETCARE_CLI_DB, FLEETCARE_CLI_PORT, ... override --config FILE "
+               "([cli] table); flags override both.")
+    p.add_argument("--config", help="TOML config file (default: $FLEETCARE_CONFIG)")
+    p.add_argument("--log-level", default=None, help="debug, info, warning (default), error")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    s = sub.add_parser("simulate", help="simulate a fleet's telemetry and failures into DuckDB",
+                       description="Simulate a GPU fleet (calibrated to Llama 3's failure "
+                                   "mix) and write its history into DuckDB. The data is "
+                                   "labelled as simulated everywhere it shows.")
+    s.add_argument("--nodes", type=int, default=64, help="nodes to simulate (8 GPUs each)")
+    s.add_argument("--days", type=float, default=30, help="days of history (default 30)")
+    s.add_argument("--seed", type=int, default=None, help="random seed (same seed, same fleet)")
+    s.add_argument("--db", help="DuckDB file to write")
+    s.add_argument("--interval", default="60", help="sample interval (default 60s)")
+    s.add_argument("--model", default="H100", help="GPU model or mix: H100, A100, H200, 'H100:3,A100:1'")
+    s.add_argument("--failure-scale", type=float, default=1.0,
+                   help="multiply every failure rate (1 = Llama 3's rates)")
+    s.add_argument("--incidents-only", action="store_true",
+                   help="only simulate incidents, write nothing (fast: 2,048 nodes x 54 days < 1 s)")
+    s.add_argument("--json", action="store_true", help="machine-readable output")
+
+    t = sub.add_parser("train", help="train the fleet failure model on a time split")
+    t.add_argument("--db", help="DuckDB file with telemetry and incidents")
+    t.add_argument("--horizon", default=None, help="predict failures within this time (default 24h)")
+    t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--json", action="store_true")
+
+    sc = sub.add_parser("score", help="score every GPU and node now with the current model")
+    sc.add_argument("--db")
+    sc.add_argument("--limit", type=int, default=10, help="nodes to show (default 10)")
+    sc.add_argument("--json", action="store_true")
+
+    v = sub.add_parser("serve", help="serve the REST risk API (and ingest/score in-process)")
+    v.add_argument("--db")
+    v.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
+    v.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    v.add_argument("--bus", default=None, help="also ingest from this bus, e.g. embedded://var/bus")
+    v.add_argument("--score-every", default="60s", help="rescoring period (default 60s)")
+
+    d = sub.add_parser("demo", help="simulate, train, stream live telemetry, serve the API",
+                       description="Simulate 64 nodes x 30 days of history, train, then stream "
+                                   "live simulated telemetry through the agent and the "
+                                   "embedded bus, rescoring every minute and serving the API "
+                                   "at http://127.0.0.1:8000 until Ctrl-C.")
+    d.add_argument("--once", action="store_true",
+                   help="stream a short live window, score once, print, exit (no server)")
+    d.add_argument("--json", action="store_true")
+    d.add_argument("--db", default="var/demo.duckdb", help="DuckDB file (recreated each run)")
+    d.add_argument("--nodes", type=int, default=64)
+    d.add_argument("--days", type=float, default=30)
+    d.add_argument("--seed", type=int, default=7)
+    d.add_argument("--failure-scale", type=float, default=8.0,
+                   help="failure-rate multiplier so a 64-node month has enough failures to "
+                        "learn from (default 8; 1 = Llama 3's rates)")
+    d.add_argument("--history-interval", default="5m",
+                   help="sample interval of the simulated history (default 5m, so the demo "
+                        "fits in minutes on 2 cores; live telemetry streams at 60s)")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8000)
+    d.add_argument("--live-minutes", type=float, default=60,
+                   help="simulated minutes to stream with --once (default 60)")
+    return p
+
+
+COMMANDS = {"simulate": cmd_simulate, "train": cmd_train, "score": cmd_score,
+            "serve": cmd_serve, "demo": cmd_demo}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = load(Settings, section="cli", path=args.config)
+    except ConfigError as exc:
+        print(f"fleetcare: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=(args.log_level or cfg.log_level).upper(),
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    try:
+        return COMMANDS[args.command](args, cfg)
+    except (CliError, ValueError) as exc:
+        print(f"fleetcare {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

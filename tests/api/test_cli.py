@@ -1,0 +1,158 @@
+"""The ``fleetcare`` CLI contract: exact commands and JSON keys, run as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from fleetcare.api.cli import main
+from fleetcare.collectors.contract import CAUSES
+
+FLEETCARE = [sys.executable, "-m", "fleetcare.api.cli"]
+METRIC_KEYS = {"pr_auc", "recall_at_budget", "false_drains_per_1000_node_days", "median_lead_time_h"}
+
+
+def run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run([*FLEETCARE, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def test_incidents_only_json_contract() -> None:
+    out = run("simulate", "--nodes", "2048", "--days", "54", "--seed", "3", "--incidents-only",
+              "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) == {"nodes", "gpus", "days", "incidents"}
+    assert (doc["nodes"], doc["gpus"], doc["days"]) == (2048, 16384, 54)
+    inc = doc["incidents"]
+    assert set(inc) == {"total", "gpu_caused", "by_cause"}
+    assert set(inc["by_cause"]) == set(CAUSES)
+    assert sum(inc["by_cause"].values()) == inc["total"]
+    assert inc["gpu_caused"] == sum(n for c, n in inc["by_cause"].items() if CAUSES[c][1])
+    assert 419 * 0.85 <= inc["total"] <= 419 * 1.15
+
+
+def test_usage_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "--nodes", "many"])
+    assert exc.value.code == 2
+    assert "--nodes" in capsys.readouterr().err
+
+
+def test_operational_errors_go_to_stderr_with_exit_1(tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "none.duckdb"
+    assert main(["train", "--db", str(missing), "--json"]) == 1
+    err = capsys.readouterr().err
+    assert f"database {missing} does not exist" in err
+    assert "fleetcare simulate --db" in err
+    assert main(["simulate", "--nodes", "2", "--model", "B200", "--incidents-only"]) == 1
+    assert "GPU model 'B200' is unknown" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    db = tmp_path_factory.mktemp("cli") / "fleet.duckdb"
+    out = run("simulate", "--nodes", "24", "--days", "12", "--seed", "5", "--failure-scale", "20",
+              "--interval", "10m", "--db", str(db), "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["simulated"] is True
+    # every GPU every 10 minutes, less the ticks of nodes that were down for repair
+    assert 0.9 * 24 * 8 * 12 * 24 * 6 < doc["rows"]["telemetry"] <= 24 * 8 * 12 * 24 * 6
+    return db
+
+
+def test_simulate_writes_history(small_db: Path) -> None:
+    import duckdb
+
+    con = duckdb.connect(str(small_db), read_only=True)
+    nodes, gpus, lo, hi = con.execute(
+        "SELECT count(DISTINCT node), count(DISTINCT gpu_uuid), min(ts), max(ts) FROM telemetry"
+    ).fetchone()
+    assert (nodes, gpus) == (24, 192)
+    assert (hi - lo).total_seconds() == 12 * 86400 - 600
+    assert con.execute("SELECT value FROM meta WHERE key = 'data_source'").fetchone() == ("simulated",)
+    assert con.execute("SELECT count(*) FROM incidents WHERE kind = 'failure'").fetchone()[0] > 0
+    con.close()
+
+
+def test_train_then_score_json_contract(small_db: Path) -> None:
+    out = run("train", "--db", str(small_db), "--horizon", "24h", "--json")
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert set(doc) == {"model_id", "metrics"}
+    assert doc["model_id"].startswith("m-")
+    assert METRIC_KEYS <= set(doc["metrics"])
+    out = run("score", "--db", str(small_db), "--json", "--limit", "3")
+    assert out.returncode == 0, out.stderr
+    top = json.loads(out.stdout)["top_risk"]
+    assert len(top) == 3
+    assert [r["risk"] for r in top] == sorted((r["risk"] for r in top), reverse=True)
+    assert all(0.0 <= r["risk"] <= 1.0 and isinstance(r["reasons"], list) for r in top)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_serve_answers_over_http(small_db: Path) -> None:
+    if run("score", "--db", str(small_db), "--json").returncode != 0:  # needs a model
+        assert run("train", "--db", str(small_db), "--json").returncode == 0
+        assert run("score", "--db", str(small_db)).returncode == 0
+    port = _free_port()
+    proc = subprocess.Popen([*FLEETCARE, "serve", "--db", str(small_db), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                r = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2)
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None, proc.communicate()
+                assert time.monotonic() < deadline, "server did not start in 60 s"
+                time.sleep(0.3)
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+        risk = httpx.get(f"http://127.0.0.1:{port}/v1/risk?limit=5", timeout=10).json()
+        assert risk["simulated"] is True
+        assert len(risk["nodes"]) == 5
+        node = risk["nodes"][0]["node"]
+        detail = httpx.get(f"http://127.0.0.1:{port}/v1/nodes/{node}", timeout=10)
+        assert detail.status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/nodes/nope", timeout=10).status_code == 404
+        assert httpx.get(f"http://127.0.0.1:{port}/v1/model", timeout=10).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@pytest.mark.slow
+def test_demo_once_json_contract(tmp_path: Path) -> None:
+    """The documented contract, with its defaults: 64 nodes x 30 days, in under 5 minutes
+    (timed here only as a guard; the figure itself is measured in bench/)."""
+    db = tmp_path / "demo.duckdb"
+    out = run("demo", "--once", "--json", "--db", str(db), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    doc = json.loads(out.stdout)
+    assert {"model", "top_risk", "db"} <= set(doc)
+    assert METRIC_KEYS <= set(doc["model"])
+    assert doc["db"] == str(db) and db.exists()
+    assert doc["simulated"] is True
+    assert 1 <= len(doc["top_risk"]) <= 5
+    for r in doc["top_risk"]:
+        assert set(r) == {"node", "risk", "reasons"}
+        assert r["node"].startswith("node-")
+        assert 0.0 <= r["risk"] <= 1.0
+    assert "SIMULATED" in out.stderr
