@@ -255,7 +255,13 @@ def test_simulated_flag_can_be_forced(store, serve_app):
 
 
 def test_openapi_and_docs(client):
-    assert client.get("/docs").status_code == 200
+    docs = client.get("/docs")
+    assert docs.status_code == 200
+    # offline: Swagger UI comes from this server, never from a CDN
+    assert "/static/swagger-ui/swagger-ui-bundle.js" in docs.text
+    assert "cdn" not in docs.text.lower()
+    js = client.get("/static/swagger-ui/swagger-ui-bundle.js")
+    assert js.status_code == 200 and len(js.content) > 100_000
     spec = client.get("/openapi.json").json()
     assert spec["info"]["title"] == "fleetcare"
     assert spec["info"]["version"]

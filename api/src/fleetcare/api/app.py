@@ -65,6 +65,25 @@ def _version() -> str:
         return "0+unknown"
 
 
+def _offline_docs(app: FastAPI) -> None:
+    """``/docs`` with Swagger UI's files from the swagger-ui-bundle package, not a CDN
+    (fleet management networks are often offline)."""
+    import swagger_ui_bundle
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    app.mount("/static/swagger-ui", StaticFiles(directory=swagger_ui_bundle.swagger_ui_path),
+              name="swagger-ui")
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "/openapi.json", title=f"{app.title} API",
+            swagger_js_url="/static/swagger-ui/swagger-ui-bundle.js",
+            swagger_css_url="/static/swagger-ui/swagger-ui.css",
+            swagger_favicon_url="/static/swagger-ui/favicon-32x32.png")
+
+
 def create_app(store: Store, *, clock: Callable[[], float] = time.time,
                simulated: bool | None = None) -> FastAPI:
     """The API over ``store`` (read-only use).
@@ -78,8 +97,10 @@ def create_app(store: Store, *, clock: Callable[[], float] = time.time,
         summary="Drain a GPU node before it crashes a training job.",
         description=DESCRIPTION,
         version=version,
+        docs_url=None,  # served below from the packaged Swagger UI: no CDN, works offline
     )
     app.state.store = store
+    _offline_docs(app)
 
     def is_simulated(cur: duckdb.DuckDBPyConnection, tables: set[str]) -> bool:
         return simulated if simulated is not None else queries.simulated(cur, tables)
