@@ -61,3 +61,20 @@ def test_score_writes_history_and_latest(store):
                               "reasons", "model_id"]
     risks = latest_gpu_scores(store).column("risk").to_numpy()
     assert np.all(np.diff(risks) <= 0)
+
+
+def test_only_the_riskiest_gpus_are_explained_on_large_fleets(store):
+    X, y = planted_rows(3000, seed=4)
+    model = FailureModel(n_estimators=40).fit(X[:2000], y[:2000], X_cal=X[2000:], y_cal=y[2000:])
+    registry.save(store, model, created_at=T0)
+    ecc = [0.0, 0.0, 3.0, 0.0, 0.0, 2.0, 0.0, 0.0]
+    full = score(store, at=T0, features=_features(T0, ecc))
+    part = score(store, at=T0 + dt.timedelta(minutes=1),
+                 features=_features(T0, ecc), explain_top=2)
+    assert part.gpu_scores.column("risk").to_pylist() == full.gpu_scores.column("risk").to_pylist()
+    explained = [json.loads(r) for r in part.gpu_scores.column("reasons").to_pylist()]
+    assert [bool(r) for r in explained] == [True, True] + [False] * 6
+    assert explained[:2] == [json.loads(r) for r in full.gpu_scores.column("reasons").to_pylist()[:2]]
+    top_node = part.node_scores.to_pylist()[0]
+    assert top_node["top_gpu_uuid"] == "GPU-2"
+    assert json.loads(top_node["reasons"])[0].startswith("GPU 0: f0 3")
