@@ -10,6 +10,7 @@ the simulator's columns to Arrow and inserts with the natural-key duplicate chec
 from __future__ import annotations
 
 import argparse
+import itertools
 import datetime as dt
 import tempfile
 from pathlib import Path
@@ -33,14 +34,15 @@ def main() -> None:
     n = sum(len(c["ts"]) for c in chunks)
     tables = [columns_to_arrow(c, schema.SAMPLE_SCHEMA) for c in chunks]
 
+    fresh = itertools.count()
     with tempfile.TemporaryDirectory() as tmp:
         def fleetcare_path() -> int:
-            db = Path(tmp) / f"f{id(object())}.duckdb"
+            db = Path(tmp) / f"f{next(fresh)}.duckdb"
             with Store(db) as store:
                 return sum(store.insert_sample_columns(c) for c in chunks)
 
         def duckdb_ceiling() -> int:
-            db = Path(tmp) / f"c{id(object())}.duckdb"
+            db = Path(tmp) / f"c{next(fresh)}.duckdb"
             with Store(db) as store:
                 cur = store.cursor()
                 for t in tables:
