@@ -156,3 +156,46 @@ def test_demo_once_json_contract(tmp_path: Path) -> None:
         assert r["node"].startswith("node-")
         assert 0.0 <= r["risk"] <= 1.0
     assert "SIMULATED" in out.stderr
+
+
+@pytest.mark.slow
+def test_demo_serves_live_until_interrupted(tmp_path: Path) -> None:
+    """`fleetcare demo` (serving): live telemetry reaches the API; SIGINT stops it cleanly."""
+    import signal
+
+    port = _free_port()
+    db = tmp_path / "live.duckdb"
+    proc = subprocess.Popen(
+        [*FLEETCARE, "demo", "--db", str(db), "--nodes", "24", "--days", "12", "--seed", "5",
+         "--failure-scale", "20", "--history-interval", "10m", "--port", str(port),
+         "--speed", "600", "--score-every", "2s"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        deadline = time.monotonic() + 240
+        first = None
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                health = httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).json()
+            except httpx.TransportError:
+                time.sleep(0.5)
+                continue
+            first = first or health["latest_telemetry"]
+            if health["latest_score"] and health["latest_telemetry"] > first:
+                break  # live samples keep arriving after the history
+            time.sleep(0.5)
+        else:
+            pytest.fail("the demo served no live telemetry in 240 s")
+        # history ends at 2026-01-13T00:00Z; live telemetry is later
+        assert health["latest_telemetry"] >= "2026-01-13T00:00"
+        risk = httpx.get(f"http://127.0.0.1:{port}/v1/risk", timeout=10).json()
+        assert risk["simulated"] is True
+        assert 20 <= len(risk["nodes"]) <= 24  # a node down for repair reports nothing
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+        assert "top at-risk nodes (simulated)" in out
+    finally:
+        if proc.poll() is None:
+            proc.kill()

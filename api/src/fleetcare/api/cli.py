@@ -273,6 +273,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "fits in minutes on 2 cores; live telemetry streams at 60s)")
     d.add_argument("--host", default="127.0.0.1")
     d.add_argument("--port", type=int, default=8000)
+    d.add_argument("--speed", type=float, default=1.0,
+                   help="simulated seconds per wall second while live (default 1; 60 = an "
+                        "hour of fleet time per minute)")
+    d.add_argument("--score-every", default="60s", help="rescoring period, wall time (default 60s)")
     d.add_argument("--live-minutes", type=float, default=60,
                    help="simulated minutes to stream with --once (default 60)")
     return p

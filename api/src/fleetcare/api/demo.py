@@ -107,16 +107,20 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     from fleetcare.api.cli import _print_top, _top_risk
     from fleetcare.api.service import Service
 
-    clock = ScaledClock(hist_end.timestamp(), speed=1.0, wall=time.time)
+    clock = ScaledClock(hist_end.timestamp(), speed=args.speed, wall=time.time)
+    # the agent ticks every simulated minute: at --speed 60, once a wall second
     agent = Agent([backend], bus, node="demo", interval_s=LIVE_INTERVAL_S, clock=clock)
-    svc = Service(store, consumer=EmbeddedConsumer(bus_dir), score_every_s=60)
+    agent.sleep = lambda s: agent.wait(clock.wall_seconds(s))
+    svc = Service(store, consumer=EmbeddedConsumer(bus_dir),
+                  score_every_s=parse_duration(args.score_every))
     svc.on_scored = lambda: (print(f"\n-- top at-risk nodes (simulated), "
                                    f"{dt.datetime.now(dt.UTC):%H:%M:%S} UTC"), _print_top(_top_risk(store, 5)))
     agent_thread = threading.Thread(target=agent.run, name="fleetcare-agent", daemon=True)
     agent_thread.start()
     svc.start()
     server, thread = start_server_thread(store, args.host, args.port, app=create_app(store))
-    print(f"[3/4] live: agent -> embedded bus -> ingest -> rescoring every minute\n"
+    print(f"[3/4] live: agent -> embedded bus -> ingest -> rescoring every {args.score_every}"
+          f" (simulated time at {args.speed:g}x)\n"
           f"[4/4] API and dashboard at http://{args.host}:{args.port}/  "
           f"(OpenAPI: /docs)   Ctrl-C stops", flush=True)
     try:

@@ -43,12 +43,16 @@ class Agent:
         self.interval_s = interval_s
         self.clock = clock
         self._stop = threading.Event()
-        self.sleep = sleep or (lambda s: self._stop.wait(s))
+        self.sleep = sleep or self.wait
         self._seq: dict[str, int] = {}
         self.counters: Counter[str] = Counter()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def wait(self, seconds: float) -> None:
+        """Sleep that ``stop()`` interrupts (the default ``sleep``)."""
+        self._stop.wait(seconds)
 
     @property
     def stopped(self) -> bool:
