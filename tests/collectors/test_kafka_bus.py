@@ -128,6 +128,9 @@ def test_every_record_exactly_once_in_node_order(bus: KafkaBus, prefix: str) -> 
     assert consume_all(prefix, expected=1, timeout_s=8, group=f"{prefix}group") == []
 
 
+OUTAGE_S = 60  # the issue: "the broker stopped for 60 s mid-stream and restarted"
+
+
 def test_broker_outage_spools_and_replays_in_order(bus: KafkaBus, prefix: str) -> None:
     nodes = ["gpu-a", "gpu-b", "gpu-c"]
     seq = 0
@@ -146,7 +149,7 @@ def test_broker_outage_spools_and_replays_in_order(bus: KafkaBus, prefix: str) -
     _script("stop.sh")
     try:
         t_down = time.monotonic()
-        while time.monotonic() - t_down < 20:  # the agent keeps ticking while Kafka is away
+        while time.monotonic() - t_down < OUTAGE_S:  # the agent keeps ticking meanwhile
             send_round()
             time.sleep(0.5)
         bus.flush(3)  # cannot deliver: everything not in Kafka is in the spool now
