@@ -128,9 +128,7 @@ def save(store: Store, model: FailureModel, *, metrics: dict[str, Any] | None = 
     blob = model.to_bytes()
     created = created_at or dt.datetime.now(dt.UTC)
     model_id = make_model_id(blob, created)
-    cur = store.cursor()
-    try:
-        cur.execute("BEGIN TRANSACTION")
+    with store.transaction() as cur:
         has_current = cur.execute(
             "SELECT count(*) FROM models WHERE is_current").fetchall()[0][0] > 0
         current = bool(make_current) or (make_current is None and not has_current)
@@ -144,12 +142,6 @@ def save(store: Store, model: FailureModel, *, metrics: dict[str, Any] | None = 
              json.dumps(model.feature_names_in_), json.dumps(model.get_params(), sort_keys=True),
              json.dumps(metrics or {}, sort_keys=True, allow_nan=False), current, blob],
         ).fetchall()
-        cur.execute("COMMIT")
-    except BaseException:
-        cur.execute("ROLLBACK")
-        raise
-    finally:
-        cur.close()
     return get(store, model_id)
 
 
@@ -190,18 +182,10 @@ def list_models(store: Store) -> list[ModelRecord]:
 def promote(store: Store, model_id: str) -> ModelRecord:
     """Make ``model_id`` the current model (the one ``score`` uses by default)."""
     ensure_schema(store)
-    cur = store.cursor()
-    try:
-        cur.execute("BEGIN TRANSACTION")
+    with store.transaction() as cur:
         found = cur.execute("SELECT count(*) FROM models WHERE model_id = ?",
                             [model_id]).fetchall()[0][0]
         if not found:
             raise ModelNotFoundError(model_id)
         cur.execute("UPDATE models SET is_current = (model_id = ?)", [model_id]).fetchall()
-        cur.execute("COMMIT")
-    except BaseException:
-        cur.execute("ROLLBACK")
-        raise
-    finally:
-        cur.close()
     return get(store, model_id)

@@ -204,21 +204,13 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
 
 
 def _write(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table, node: pa.Table) -> None:
-    cur = store.cursor()
-    try:
-        cur.execute("BEGIN TRANSACTION")
+    with store.transaction() as cur:
         for table, data in (("gpu_scores", gpu), ("node_scores", node)):
             cur.execute(f"DELETE FROM {table} WHERE ts = ? AND model_id = ?",
                         [ts, model_id]).fetchall()
             cur.register("incoming_scores", data)
             cur.execute(f"INSERT INTO {table} SELECT * FROM incoming_scores").fetchall()
             cur.unregister("incoming_scores")
-        cur.execute("COMMIT")
-    except BaseException:
-        cur.execute("ROLLBACK")
-        raise
-    finally:
-        cur.close()
 
 
 def latest_gpu_scores(store: Store, *, limit: int | None = None) -> pa.Table:

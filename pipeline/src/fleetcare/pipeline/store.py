@@ -15,7 +15,8 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +98,20 @@ class Store:
 
     def close(self) -> None:
         self.con.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[duckdb.DuckDBPyConnection]:
+        """A cursor inside BEGIN … COMMIT; any exception rolls back and propagates."""
+        cur = self.cursor()
+        try:
+            cur.execute("BEGIN TRANSACTION")
+            yield cur
+            cur.execute("COMMIT")
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        finally:
+            cur.close()
 
     def __enter__(self) -> Store:
         return self
