@@ -279,11 +279,31 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--score-every", default="60s", help="rescoring period, wall time (default 60s)")
     d.add_argument("--live-minutes", type=float, default=60,
                    help="simulated minutes to stream with --once (default 60)")
+    for module in _plugins().values():
+        module.add_parser(sub)
     return p
 
 
 COMMANDS = {"simulate": cmd_simulate, "train": cmd_train, "score": cmd_score,
             "serve": cmd_serve, "demo": cmd_demo}
+
+PLUGIN_COMMANDS = ("ingest", "quarantine", "incident", "backfill", "retention")
+"""Commands that live in their own module ``fleetcare.api.commands.<name>``, each with
+``add_parser(subparsers) -> None`` (registering exactly one sub-command named <name>)
+and ``run(args, cfg: Settings) -> int``."""
+
+
+def _plugins() -> dict[str, Any]:
+    import importlib
+
+    found = {}
+    for name in PLUGIN_COMMANDS:
+        try:
+            found[name] = importlib.import_module(f"fleetcare.api.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"fleetcare.api.commands.{name}":
+                raise
+    return found
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -297,7 +317,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=(args.log_level or cfg.log_level).upper(),
                         format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     try:
-        return COMMANDS[args.command](args, cfg)
+        if args.command in COMMANDS:
+            return COMMANDS[args.command](args, cfg)
+        return int(_plugins()[args.command].run(args, cfg))
     except (CliError, ValueError) as exc:
         print(f"fleetcare {args.command}: {exc}", file=sys.stderr)
         return 1
