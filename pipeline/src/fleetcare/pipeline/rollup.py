@@ -17,11 +17,26 @@ is treated as one counter (a driver reload or GPU reset zeroes every link togeth
 per-link lambdas cost 3x the whole rollup). ``<counter>_inc`` is null for an hour where
 the counter is unsupported.
 
-``refresh(store, until)`` re-rolls only from the hour of the previous watermark (the
-newest ``until`` rolled up, kept in ``meta``): the last, partial hour is rebuilt, older
-hours are never touched. Telemetry that arrives late with a timestamp before that hour
-(a spool replayed after a long broker outage) is not picked up until
-``refresh(store, full=True)`` rebuilds everything.
+``refresh(store, until)`` re-rolls from the hour of the previous watermark (the newest
+``until`` rolled up, kept in ``meta``): the last, partial hour is rebuilt. Telemetry that
+arrives late, timestamped before that hour (a spool replayed after a broker outage, a
+node's samples out of order), is not missed: the store lowers a *dirty since* mark
+(``store.DIRTY_SINCE_KEY``) to the oldest sample of every insert, and ``refresh`` re-rolls
+from that mark's hour on, so its result equals an in-order rollup. The mark moves to
+``PENDING_KEY`` while a refresh runs and is cleared in the refresh's own transaction: a
+crash or error mid-refresh keeps it.
+
+Counter semantics, case by case (``tests/pipeline/test_counter_semantics.py``):
+
+- reset (a drop): the new value is what accrued since the reset;
+- gap (no samples for hours): the increase across the gap lands in the first hour after
+  it (a drop across the gap is a reset); hours without samples have no row;
+- duplicate (same gpu_uuid, ts): dropped at insert by the natural key, the first copy wins;
+- out of order / late: rows are ordered by ts inside a re-roll, and late rows re-roll
+  their hours and every later one.
+
+Raw telemetry before ``RAW_FROM_KEY`` (set by ``retention``) is gone: hours before it are
+never rebuilt, and late samples older than it are ignored (logged).
 """
 
 from __future__ import annotations
@@ -31,12 +46,16 @@ import logging
 
 import duckdb
 
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import DIRTY_SINCE_KEY, Store
 
 log = logging.getLogger(__name__)
 
 TABLE = "telemetry_hourly"
 WATERMARK_KEY = "features.rollup_until"
+PENDING_KEY = "features.rollup_pending_from"
+"""meta key: the dirty mark a running refresh took over (kept if it fails)."""
+RAW_FROM_KEY = "telemetry.raw_complete_from"
+"""meta key: the hour from which raw telemetry is complete (``retention`` sets it)."""
 BASELINE_LOOKBACK = dt.timedelta(days=7)
 """How far back the previous value of a counter is looked for (older: first sample = 0)."""
 
@@ -177,16 +196,43 @@ GROUP BY ALL
 
 
 def watermark(con: duckdb.DuckDBPyConnection) -> dt.datetime | None:
-    row = con.execute("SELECT value FROM meta WHERE key = ?", [WATERMARK_KEY]).fetchone()
+    return _meta_ts(con, WATERMARK_KEY)
+
+
+def _meta_ts(con: duckdb.DuckDBPyConnection, key: str) -> dt.datetime | None:
+    row = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
     return dt.datetime.fromisoformat(row[0]) if row else None
+
+
+def dirty_since(con: duckdb.DuckDBPyConnection) -> dt.datetime | None:
+    """The oldest sample ts not rolled up yet beyond the watermark's hour (None: none)."""
+    marks = [m for m in (_meta_ts(con, DIRTY_SINCE_KEY), _meta_ts(con, PENDING_KEY)) if m]
+    return min(marks, default=None)
+
+
+def _take_dirty(store: Store) -> dt.datetime | None:
+    """Move the store's dirty mark into ``PENDING_KEY``; returns the pending mark."""
+    with store._lock, store.transaction() as cur:
+        dirty = _meta_ts(cur, DIRTY_SINCE_KEY)
+        pending = _meta_ts(cur, PENDING_KEY)
+        marks = [m for m in (dirty, pending) if m is not None]
+        if not marks:
+            return None
+        low = min(marks)
+        cur.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [PENDING_KEY, low.isoformat()]).fetchall()
+        cur.execute("DELETE FROM meta WHERE key = ?", [DIRTY_SINCE_KEY]).fetchall()
+        return low
 
 
 def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = False) -> None:
     """Roll telemetry up to ``until`` (default: the newest sample) into ``telemetry_hourly``.
 
     Rebuilds the hours from the previous watermark's hour on (the last, partial hour
-    included); ``full=True`` rebuilds every hour.
+    included), or from the oldest sample inserted since the last refresh when that is
+    older (late data); ``full=True`` rebuilds every hour that still has raw telemetry.
     """
+    pending = _take_dirty(store)
     cur = store.cursor()
     try:
         ensure_tables(cur)
@@ -204,7 +250,12 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
                 return
             lo = hour_floor(min(oldest, hi))
         else:
-            lo = hour_floor(min(mark, hi))
+            lo = hour_floor(min(mark, hi, pending or mark))
+        raw_from = _meta_ts(cur, RAW_FROM_KEY)
+        if raw_from is not None and lo < raw_from:
+            log.warning("features.rollup_too_late from=%s raw_complete_from=%s: samples "
+                        "older than the retained raw telemetry are ignored", lo, raw_from)
+            lo = raw_from
         cur.execute("BEGIN TRANSACTION").fetchall()
         try:
             cur.execute(f"DELETE FROM {TABLE} WHERE hour >= ?", [lo]).fetchall()
@@ -214,6 +265,7 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
             cur.execute(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [WATERMARK_KEY, hi.isoformat()]
             ).fetchall()
+            cur.execute("DELETE FROM meta WHERE key = ?", [PENDING_KEY]).fetchall()
             cur.execute("COMMIT").fetchall()
         except BaseException:
             cur.execute("ROLLBACK").fetchall()

@@ -24,11 +24,15 @@ import duckdb
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetcare.collectors.contract import Batch, GpuSample, Incident, XidEvent
 from fleetcare.pipeline import schema
 
 log = logging.getLogger(__name__)
+
+DIRTY_SINCE_KEY = "telemetry.dirty_since"
+"""meta key: the oldest sample ts inserted since the last rollup (``rollup.refresh``)."""
 
 
 class StoreError(Exception):
@@ -150,7 +154,25 @@ class Store:
         return int(added)
 
     def insert_samples(self, data: pa.Table) -> int:
+        self._mark_dirty(data)
         return self._insert_new("telemetry", data, schema.SAMPLE_KEY)
+
+    def _mark_dirty(self, data: pa.Table) -> None:
+        """Lower ``DIRTY_SINCE_KEY`` to the oldest incoming sample's ts.
+
+        ``rollup.refresh`` re-rolls from there, so samples that arrive after their hour was
+        rolled up (late, out of order) are not missed. Written before the rows: a crash in
+        between costs a needless re-roll, never a missed one.
+        """
+        if data.num_rows == 0:
+            return
+        lo = pc.min(data.column("ts")).as_py()
+        with self._lock:
+            self.con.execute(
+                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
+                "SET value = excluded.value WHERE excluded.value < meta.value",
+                [DIRTY_SINCE_KEY, lo.isoformat()],
+            ).fetchall()
 
     def insert_sample_columns(self, columns: Mapping[str, np.ndarray]) -> int:
         return self.insert_samples(columns_to_arrow(columns, schema.SAMPLE_SCHEMA))
