@@ -207,14 +207,18 @@ class Store:
         )
 
     def quarantine(self, source: str, reason: str, raw: bytes, *,
-                   received_at: dt.datetime | None = None) -> None:
-        """Keep a record we could not accept, with why; never drop it silently."""
+                   received_at: dt.datetime | None = None, code: str | None = None) -> None:
+        """Keep a record we could not accept, with why; never drop it silently.
+
+        ``code`` is the stable reason code (``fleetcare.pipeline.validate.CODES``)."""
         when = _naive_utc(received_at or dt.datetime.now(dt.UTC))
         with self._lock:
             self.con.execute(
-                "INSERT INTO quarantine VALUES (?, ?, ?, ?)", [when, source, reason, raw]
+                "INSERT INTO quarantine (received_at, source, reason, raw, code) "
+                "VALUES (?, ?, ?, ?, ?)", [when, source, reason, raw, code]
             ).fetchall()
-        log.warning("ingest.quarantined source=%s reason=%s bytes=%d", source, reason, len(raw))
+        log.warning("ingest.quarantined source=%s code=%s reason=%s bytes=%d",
+                    source, code, reason, len(raw))
 
     # -- meta -------------------------------------------------------------------
     def set_meta(self, key: str, value: str) -> None:
