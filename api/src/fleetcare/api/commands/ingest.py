@@ -1,0 +1,154 @@
+"""``fleetcare ingest``: land the bus's records in DuckDB (one host) or the Parquet lake.
+
+    fleetcare ingest --bus kafka://127.0.0.1:9092 --db var/fleetcare.duckdb
+    fleetcare ingest --bus kafka://10.0.0.5:9092 --lake /data/lake --group fleetcare-ingest
+    fleetcare ingest --bus embedded://var/bus --db var/fleetcare.duckdb --exit-when-idle 5 --json
+
+Several ``--lake`` workers in one ``--group`` split the partitions, each writing its own
+files. Offsets are committed only after the rows are durable. SIGTERM finishes the
+current batch, commits and exits 0. ``--json`` prints one summary object at the end:
+``{"records", "samples", "events", "incidents", "quarantined", "reason", "seconds",
+"commits", "commit_failures", "worker_id"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+from fleetcare.collectors.durations import parse_duration
+
+log = logging.getLogger(__name__)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be at least 1")
+    return value
+
+
+def _duration(text: str) -> float:
+    try:
+        return parse_duration(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "ingest", help="land bus records in DuckDB (--db) or a Parquet lake (--lake)",
+        description="Read telemetry, XID events and incidents from the bus and land them "
+                    "in DuckDB (one host) or in a Parquet lake partitioned by date and hour "
+                    "(several workers in one consumer group). Offsets are committed only "
+                    "after the rows are durable; re-read records land once.")
+    p.add_argument("--bus", required=True,
+                   help="kafka://HOST:PORT[,HOST:PORT] or embedded://PATH")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--db", help="DuckDB file (one host; default: the configured db)")
+    where.add_argument("--lake", help="Parquet lake folder (scale-out workers)")
+    p.add_argument("--group", default=None,
+                   help="Kafka consumer group (default fleetcare-ingest; Kafka only)")
+    p.add_argument("--topic-prefix", default=None,
+                   help="prefix of the topic names, as the agents were given (Kafka only)")
+    p.add_argument("--instance-id", default=None,
+                   help="Kafka static group membership id, stable across restarts of this "
+                        "worker (e.g. the pod name): a restart takes its partitions back "
+                        "without a rebalance (Kafka only)")
+    p.add_argument("--worker-id", default=None,
+                   help="name in this worker's lake file names (default host-pid-random; "
+                        "must differ between running workers and runs)")
+    p.add_argument("--exit-when-idle", type=_duration, default=None, metavar="SECONDS",
+                   help="exit once no record arrived for this long (e.g. 30, 5m), counted "
+                        "from joining the group")
+    p.add_argument("--max-records", type=_positive_int, default=None, metavar="N",
+                   help="exit after N bus records")
+    p.add_argument("--batch", type=_positive_int, default=10_000, metavar="N",
+                   help="records per poll (default 10000)")
+    p.add_argument("--flush-interval", type=_duration, default=5.0, metavar="SECONDS",
+                   help="lake: write files and commit at least this often (default 5s)")
+    p.add_argument("--metrics-port", type=int, default=None,
+                   help="serve Prometheus metrics on this port (GET /metrics)")
+    p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    p.set_defaults(ingest_parser=p)
+
+
+def run(args: argparse.Namespace, cfg: Any) -> int:
+    from fleetcare.collectors.transport.factory import bus_scheme
+    from fleetcare.pipeline.ingest_worker import (
+        DEFAULT_GROUP,
+        IngestWorker,
+        handle_signals,
+        open_consumer,
+    )
+    from fleetcare.pipeline.lake import LakeWriter, new_worker_id
+    from fleetcare.pipeline.store import Store, StoreError
+
+    parser: argparse.ArgumentParser = args.ingest_parser
+    try:
+        scheme = bus_scheme(args.bus)
+    except ValueError as exc:
+        parser.error(f"--bus: {exc}")
+    if scheme == "embedded":
+        for flag, value in (("--group", args.group), ("--topic-prefix", args.topic_prefix),
+                            ("--instance-id", args.instance_id)):
+            if value is not None:
+                parser.error(f"{flag} applies to kafka:// buses only (the embedded bus has "
+                             "one reader)")
+    worker_id = args.worker_id or new_worker_id()
+
+    if args.lake:
+        sink: Any = LakeWriter(args.lake, worker_id=worker_id)
+        target = f"lake {args.lake}"
+    else:
+        db = args.db or cfg.db
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+        try:
+            sink = Store(db)
+        except StoreError as exc:
+            print(f"fleetcare ingest: {exc}", file=sys.stderr)
+            return 1
+        target = f"database {db}"
+    try:
+        try:
+            consumer = open_consumer(args.bus, group=args.group or DEFAULT_GROUP,
+                                     topic_prefix=args.topic_prefix or "",
+                                     instance_id=args.instance_id)
+        except Exception as exc:  # NoBrokersAvailable and friends
+            print(f"fleetcare ingest: cannot read {args.bus} ({exc!r}): is the broker "
+                  "running and reachable from here?", file=sys.stderr)
+            return 1
+        worker = IngestWorker(sink, consumer, max_batch=args.batch,
+                              idle_exit_s=args.exit_when_idle, max_records=args.max_records,
+                              flush_interval_s=args.flush_interval, worker_id=worker_id)
+        server = None
+        if args.metrics_port is not None:
+            from fleetcare.collectors.agent_metrics import serve_metrics
+
+            server = serve_metrics(worker, port=args.metrics_port)  # type: ignore[arg-type]
+        log.info("ingest.started worker=%s bus=%s into=%s", worker_id, args.bus, target)
+        try:
+            with handle_signals(worker):
+                summary = worker.run()
+        finally:
+            if server is not None:
+                server.close()
+    finally:
+        if not args.lake:
+            sink.close()
+    out = {**summary.to_json(), "worker_id": worker_id}
+    if args.json:
+        print(json.dumps(out))
+    else:
+        print(f"ingested {summary.records:,} records into {target}: {summary.samples:,} "
+              f"samples, {summary.events:,} events, {summary.incidents:,} incidents, "
+              f"{summary.quarantined:,} quarantined in {summary.seconds:.1f} s "
+              f"(stopped: {summary.reason})")
+    return 1 if summary.reason == "error" else 0

@@ -1,0 +1,275 @@
+"""The Parquet lake: what scale-out ingest workers write and DuckDB reads.
+
+Layout of a lake ``DIR`` (Hive-style partitions by the record's UTC date and hour)::
+
+    DIR/telemetry/_schema.parquet                       no rows: the contract's columns
+    DIR/telemetry/date=2026-01-01/hour=05/<worker>-<seq>.parquet
+    DIR/xid_events/...   DIR/incidents/...   DIR/quarantine/...   (quarantine by received_at)
+
+Every ingest worker writes only its own files (``worker_id`` is unique per process), so
+workers never coordinate. A file is written under a hidden temporary name in its final
+folder, fsync'd, renamed, and the folder fsync'd: a reader sees a whole file or none.
+Kafka offsets are committed only after ``LakeWriter.flush`` returned.
+
+A crash between a rename and the offset commit makes Kafka deliver those records again,
+so the same record can sit in two files. Readers never see that: ``open_lake`` gives a
+DuckDB connection whose views ``lake_telemetry``, ``lake_xid_events``, ``lake_incidents``
+keep one row per natural key (``schema.SAMPLE_KEY`` ...); ``lake_quarantine`` is the
+raw log (it has no natural key). ``*_raw`` views show every stored row. ``compact``
+rewrites a partition's files as one, without duplicates; it is safe next to running
+writers and readers because the views deduplicate anyway.
+
+    lake = LakeWriter("var/lake")
+    lake.insert_batches(batches); lake.flush()          # durable here, then commit
+    con = open_lake("var/lake")
+    con.sql("SELECT node, count(*) FROM lake_telemetry GROUP BY node")
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import logging
+import os
+import re
+import secrets
+import socket
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from fleetcare.collectors.contract import Batch, GpuSample, Incident, XidEvent
+from fleetcare.pipeline import schema
+from fleetcare.pipeline.store import records_to_arrow
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_SCHEMA = pa.schema([("received_at", pa.timestamp("us")), ("source", pa.string()),
+                               ("reason", pa.string()), ("raw", pa.binary())])
+
+
+@dataclass(frozen=True, slots=True)
+class LakeTable:
+    name: str
+    schema: pa.Schema
+    key: tuple[str, ...] | None  # None: keep every row (quarantine)
+    time_column: str
+
+
+TABLES: dict[str, LakeTable] = {t.name: t for t in (
+    LakeTable("telemetry", schema.SAMPLE_SCHEMA, schema.SAMPLE_KEY, "ts"),
+    LakeTable("xid_events", schema.EVENT_SCHEMA, schema.EVENT_KEY, "ts"),
+    LakeTable("incidents", schema.INCIDENT_SCHEMA, schema.INCIDENT_KEY, "ts"),
+    LakeTable("quarantine", QUARANTINE_SCHEMA, None, "received_at"),
+)}
+SCHEMA_FILE = "_schema.parquet"
+COMPRESSION = "zstd"
+
+
+def new_worker_id() -> str:
+    """``<host>-<pid>-<random>``: unique per process, so files of restarts never collide."""
+    host = re.sub(r"[^A-Za-z0-9_.]+", "_", socket.gethostname())[:40] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(table: pa.Table, path: Path) -> None:
+    """Write ``table`` to ``path`` so that a reader sees the whole file or nothing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        pq.write_table(table, f, compression=COMPRESSION)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def _partitions(table: pa.Table, time_column: str) -> Iterable[tuple[str, pa.Table]]:
+    """(``date=YYYY-MM-DD/hour=HH``, rows) for each hour present in ``table``."""
+    hours = pc.floor_temporal(table[time_column], unit="hour")
+    for hour in pc.unique(hours).to_pylist():
+        part = table.filter(pc.equal(hours, pa.scalar(hour, hours.type)))
+        yield f"date={hour:%Y-%m-%d}/hour={hour:%H}", part
+
+
+class LakeWriter:
+    """One worker's writer. Rows are buffered by ``insert_batches``/``quarantine`` and made
+    durable by ``flush`` (the ingest worker commits offsets only after it)."""
+
+    def __init__(self, root: str | Path, *, worker_id: str | None = None) -> None:
+        self.root = Path(root)
+        self.worker_id = worker_id or new_worker_id()
+        if not re.fullmatch(r"[A-Za-z0-9_.-]+", self.worker_id):
+            raise ValueError(f"worker id {self.worker_id!r} may hold only letters, digits, "
+                             "'_', '.' and '-' (it becomes part of file names)")
+        self._seq = itertools.count(1)
+        self._buffer: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
+        self._quarantined: list[tuple[dt.datetime, str, str, bytes]] = []
+        self.files_written = 0
+        self.rows_written = 0
+        ensure_layout(self.root)
+
+    # -- what the Ingestor calls (same names as Store's) --------------------------------
+    def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
+        """Buffer decoded batches; returns rows accepted (samples, events, incidents)."""
+        samples: list[GpuSample] = []
+        events: list[XidEvent] = []
+        incidents: list[Incident] = []
+        for b in batches:
+            samples.extend(b.samples)
+            events.extend(b.events)
+            incidents.extend(b.incidents)
+        counts = []
+        for name, records in (("telemetry", samples), ("xid_events", events),
+                              ("incidents", incidents)):
+            if records:
+                self._buffer[name].append(records_to_arrow(records, TABLES[name].schema))
+            counts.append(len(records))
+        return counts[0], counts[1], counts[2]
+
+    def quarantine(self, source: str, reason: str, raw: bytes, *,
+                   received_at: dt.datetime | None = None) -> None:
+        when = received_at or dt.datetime.now(dt.UTC)
+        when = when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
+        self._quarantined.append((when, source, reason, raw))
+        log.warning("ingest.quarantined source=%s reason=%s bytes=%d", source, reason, len(raw))
+
+    # -- durability -------------------------------------------------------------------------
+    @property
+    def pending_rows(self) -> int:
+        return (sum(t.num_rows for ts in self._buffer.values() for t in ts)
+                + len(self._quarantined))
+
+    def flush(self) -> int:
+        """Write everything buffered as Parquet files (atomic, fsync'd); returns files."""
+        if self._quarantined:
+            cols = list(zip(*self._quarantined, strict=True))
+            self._buffer["quarantine"].append(pa.Table.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(cols, QUARANTINE_SCHEMA, strict=True)],
+                schema=QUARANTINE_SCHEMA))
+            self._quarantined.clear()
+        files = 0
+        for name, tables in self._buffer.items():
+            if not tables:
+                continue
+            data = pa.concat_tables(tables)
+            for part, rows in _partitions(data, TABLES[name].time_column):
+                path = (self.root / name / part
+                        / f"{self.worker_id}-{next(self._seq):08d}.parquet")
+                write_atomic(rows, path)
+                files += 1
+                self.rows_written += rows.num_rows
+            tables.clear()
+        self.files_written += files
+        if files:
+            log.debug("lake.flushed worker=%s files=%d", self.worker_id, files)
+        return files
+
+    def close(self) -> None:
+        self.flush()
+
+
+def ensure_layout(root: str | Path) -> None:
+    """Create the table folders and their zero-row schema files (idempotent)."""
+    for t in TABLES.values():
+        path = Path(root) / t.name / SCHEMA_FILE
+        if not path.exists():
+            write_atomic(t.schema.empty_table(), path)
+
+
+def _glob(root: Path, table: str) -> str:
+    return str(root / table / "**" / "*.parquet").replace("'", "''")
+
+
+def open_lake(root: str | Path, con: duckdb.DuckDBPyConnection | None = None
+              ) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection (``con``, else a new in-memory one) with the lake's views.
+
+    ``lake_<table>`` holds one row per natural key, ``lake_<table>_raw`` every stored row.
+    The views re-read the folder at each query, so new files show up without reopening.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"lake {root} does not exist: start `fleetcare ingest "
+                                f"--lake {root}` first, or point at an existing lake")
+    con = con or duckdb.connect()
+    for t in TABLES.values():
+        cols = ", ".join(t.schema.names)
+        if (root / t.name / SCHEMA_FILE).exists() or any((root / t.name).glob("**/*.parquet")):
+            source = (f"read_parquet('{_glob(root, t.name)}', union_by_name = true, "
+                      "hive_partitioning = false)")
+        else:  # a read-only lake without schema files: an empty, typed relation
+            con.register(f"_lake_empty_{t.name}", t.schema.empty_table())
+            source = f"_lake_empty_{t.name}"
+        con.execute(f"CREATE OR REPLACE VIEW lake_{t.name}_raw AS SELECT {cols} FROM {source}")
+        if t.key is None:
+            con.execute(f"CREATE OR REPLACE VIEW lake_{t.name} AS SELECT * FROM "
+                        f"lake_{t.name}_raw")
+        else:
+            con.execute(f"CREATE OR REPLACE VIEW lake_{t.name} AS SELECT DISTINCT ON "
+                        f"({', '.join(t.key)}) * FROM lake_{t.name}_raw")
+    return con
+
+
+@dataclass(frozen=True, slots=True)
+class CompactResult:
+    partitions: int
+    files_in: int
+    files_out: int
+    rows_in: int
+    rows_out: int
+
+
+def compact(root: str | Path, *, older_than: dt.timedelta = dt.timedelta(hours=2),
+            now: dt.datetime | None = None) -> CompactResult:
+    """Rewrite each partition older than ``older_than`` that has several files as one
+    file without duplicate natural keys, then delete the files it read.
+
+    Safe next to writers (it only deletes files it read) and readers (the new file is in
+    place before the old ones go, and the views deduplicate the overlap); a reader in
+    the middle of a scan may still see a file vanish and must retry its query.
+    """
+    root = Path(root)
+    now = now or dt.datetime.now(dt.UTC)
+    cutoff = (now.astimezone(dt.UTC).replace(tzinfo=None) - older_than)
+    con = duckdb.connect()
+    totals = [0, 0, 0, 0, 0]
+    for t in TABLES.values():
+        for hour_dir in sorted((root / t.name).glob("date=*/hour=*")):
+            day = hour_dir.parent.name.removeprefix("date=")
+            start = dt.datetime.fromisoformat(f"{day}T{hour_dir.name.removeprefix('hour=')}:00")
+            files = sorted(p for p in hour_dir.glob("*.parquet"))
+            if start + dt.timedelta(hours=1) > cutoff or len(files) < 2:
+                continue
+            listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
+            source = f"read_parquet([{listing}], union_by_name = true)"
+            cols = ", ".join(t.schema.names)
+            distinct = f"DISTINCT ON ({', '.join(t.key)})" if t.key else ""
+            rows_in = con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0]
+            data = con.sql(f"SELECT {distinct} {cols} FROM {source} "
+                               f"ORDER BY {t.time_column}").to_arrow_table()
+            data = data.cast(t.schema) if data.schema != t.schema else data
+            out = hour_dir / f"compact-{new_worker_id()}.parquet"
+            write_atomic(data, out)
+            for p in files:
+                p.unlink(missing_ok=True)
+            _fsync_dir(hour_dir)
+            for i, v in enumerate((1, len(files), 1, rows_in, data.num_rows)):
+                totals[i] += v
+            log.info("lake.compacted partition=%s files=%d rows_in=%d rows_out=%d",
+                     hour_dir.relative_to(root), len(files), rows_in, data.num_rows)
+    con.close()
+    return CompactResult(*totals)
