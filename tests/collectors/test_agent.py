@@ -115,15 +115,17 @@ def test_embedded_end_to_end_into_duckdb(tmp_path: Path) -> None:
     from fleetcare.collectors.transport.embedded import EmbeddedBus, EmbeddedConsumer
     from fleetcare.pipeline.ingest import Ingestor
     from fleetcare.pipeline.store import Store
+    from fleetcare.pipeline.validate import Validator
 
     clock = ManualClock()
     bus = EmbeddedBus(tmp_path / "bus")
     Agent([TwoNodeBackend()], bus, node="h", interval_s=10, clock=clock, sleep=clock.sleep).run(duration_s=50)
     store = Store(tmp_path / "f.duckdb")
-    ing = Ingestor(store, EmbeddedConsumer(tmp_path / "bus"))
+    at_clock = Validator(clock=clock)  # the validator's "now" is the agent's
+    ing = Ingestor(store, EmbeddedConsumer(tmp_path / "bus"), validator=at_clock)
     assert ing.drain() .samples == 10
     # redelivery after a crash before commit lands nothing twice
-    again = Ingestor(store, EmbeddedConsumer(tmp_path / "bus"))
+    again = Ingestor(store, EmbeddedConsumer(tmp_path / "bus"), validator=at_clock)
     assert again.drain().records == 0
     assert store.cursor().execute("SELECT count(*), count(DISTINCT node) FROM telemetry").fetchone() == (10, 2)
     assert store.cursor().execute("SELECT count(*) FROM xid_events").fetchone() == (5,)

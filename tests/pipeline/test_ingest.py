@@ -7,9 +7,11 @@ from fleetcare.collectors.contract import SCHEMA_VERSION, Batch, encode_batch
 from fleetcare.collectors.transport import TELEMETRY_TOPIC, Record
 from fleetcare.pipeline.ingest import Ingestor
 from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.validate import Validator
 from tests.collectors.test_contract import sample
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
+AT_T0 = Validator(clock=lambda: T0.timestamp() + 3600)  # the records are an hour old
 
 
 class ListConsumer:
@@ -42,7 +44,7 @@ def test_bad_records_are_quarantined_with_reason_and_bytes(tmp_path: Path) -> No
     store = Store(tmp_path / "f.duckdb")
     values = [("a", good("a", 1)), ("a", b"\xff\xfe junk"), ("b", good("a", 2)), ("a", good("a", 3))]
     consumer = ListConsumer(values)
-    r = Ingestor(store, consumer, max_records=2).drain()
+    r = Ingestor(store, consumer, max_records=2, validator=AT_T0).drain()
     assert (r.records, r.samples, r.quarantined) == (4, 2, 2)
     assert consumer.committed == 4
     rows = store.cursor().execute("SELECT source, reason, raw FROM quarantine ORDER BY source").fetchall()
@@ -55,6 +57,6 @@ def test_bad_records_are_quarantined_with_reason_and_bytes(tmp_path: Path) -> No
 def test_redelivered_records_land_once(tmp_path: Path) -> None:
     store = Store(tmp_path / "f.duckdb")
     values = [("a", good("a", i)) for i in range(5)]
-    Ingestor(store, ListConsumer(values)).drain()
-    Ingestor(store, ListConsumer(values + [("a", good("a", 9))])).drain()
+    Ingestor(store, ListConsumer(values), validator=AT_T0).drain()
+    Ingestor(store, ListConsumer(values + [("a", good("a", 9))]), validator=AT_T0).drain()
     assert store.cursor().execute("SELECT count(*) FROM telemetry").fetchone() == (6,)

@@ -29,6 +29,7 @@ from fleetcare.collectors.transport.embedded import EmbeddedBus, EmbeddedConsume
 from fleetcare.pipeline.ingest import Ingestor
 from fleetcare.pipeline.simload import load_history, mark_simulated
 from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.validate import Validator
 
 LIVE_INTERVAL_S = 60.0
 
@@ -82,7 +83,9 @@ def run_demo(args: argparse.Namespace) -> int:
         clock = ManualClock(hist_end.timestamp())
         Agent([backend], bus, node="demo", interval_s=LIVE_INTERVAL_S, clock=clock,
               sleep=clock.sleep).run(duration_s=args.live_minutes * 60)
-        ingested = Ingestor(store, EmbeddedConsumer(bus_dir)).drain()
+        # simulated time is "now" for the validator's too-old / in-the-future checks
+        ingested = Ingestor(store, EmbeddedConsumer(bus_dir),
+                            validator=Validator(clock=clock)).drain()
         _say(args, f"      ingested {ingested.samples:,} live samples")
         _say(args, "[4/4] scoring every GPU and node")
         from fleetcare.api.service import Service
@@ -112,7 +115,8 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     agent = Agent([backend], bus, node="demo", interval_s=LIVE_INTERVAL_S, clock=clock)
     agent.sleep = lambda s: agent.wait(clock.wall_seconds(s))
     svc = Service(store, consumer=EmbeddedConsumer(bus_dir),
-                  score_every_s=parse_duration(args.score_every))
+                  score_every_s=parse_duration(args.score_every),
+                  validator=Validator(clock=clock))
     svc.on_scored = lambda: (print(f"\n-- top at-risk nodes (simulated), "
                                    f"{dt.datetime.now(dt.UTC):%H:%M:%S} UTC"), _print_top(_top_risk(store, 5)))
     agent_thread = threading.Thread(target=agent.run, name="fleetcare-agent", daemon=True)

@@ -23,6 +23,7 @@ from fleetcare.models import registry, scoring
 from fleetcare.pipeline import features
 from fleetcare.pipeline.ingest import Ingestor
 from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.validate import RecordValidator
 
 log = logging.getLogger(__name__)
 
@@ -30,9 +31,11 @@ log = logging.getLogger(__name__)
 class Service:
     def __init__(self, store: Store, *, consumer: BusConsumer | None = None,
                  score_every_s: float = 60.0, ingest_idle_s: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 validator: RecordValidator | None = None) -> None:
         self.store = store
-        self.ingestor = Ingestor(store, consumer) if consumer is not None else None
+        self.ingestor = (Ingestor(store, consumer, validator=validator)
+                         if consumer is not None else None)
         self.score_every_s = score_every_s
         self.ingest_idle_s = ingest_idle_s
         self.clock = clock
