@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml collectors/pyproject.toml pipeline/pyproject.toml model
 demo: install
 	$(BIN)/fleetcare demo
 
+# The suite talks to real services: a Kafka broker (started here) and a Prometheus
+# server (Debian's package; each test module runs its own instance on loopback).
 test: install
 	deploy/kafka/start.sh
+	sh deploy/prometheus/install.sh
 	$(BIN)/python -m pytest -q
 
 test-fast: install
