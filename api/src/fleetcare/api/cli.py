@@ -287,7 +287,8 @@ def build_parser() -> argparse.ArgumentParser:
 COMMANDS = {"simulate": cmd_simulate, "train": cmd_train, "score": cmd_score,
             "serve": cmd_serve, "demo": cmd_demo}
 
-PLUGIN_COMMANDS = ("ingest", "quarantine", "incident", "backfill", "retention")
+PLUGIN_COMMANDS = ("ingest", "quarantine", "incident", "backfill", "retention", "tokens", "alerts",
+                   "drain", "evaluate", "models")
 """Commands that live in their own module ``fleetcare.api.commands.<name>``, each with
 ``add_parser(subparsers) -> None`` (registering exactly one sub-command named <name>)
 and ``run(args, cfg: Settings) -> int``."""
