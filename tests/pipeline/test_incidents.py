@@ -196,3 +196,22 @@ def test_csv_all_or_nothing_with_line_numbers():
     assert "cause 'gremlins' is unknown" in exc.value.problems[1]
     with pytest.raises(ImportProblem, match="lacks \\['cause'\\]"):
         parse_csv("ts,node,kind\n")
+
+
+def test_a_failure_already_recorded_by_another_source_is_not_derived_again(tmp_path) -> None:
+    import datetime as dt
+
+    from fleetcare.collectors.contract import Incident, XidEvent
+    from fleetcare.pipeline.incidents import derive_from_xids
+    from fleetcare.pipeline.store import Store
+
+    t = dt.datetime(2026, 5, 1, 12, tzinfo=dt.UTC)
+    store = Store(tmp_path / "f.duckdb")
+    store.insert_incidents([Incident(ts=t, node="n1", kind="failure", cause="gpu_hbm3_memory",
+                                     source="sim", gpu_uuid="GPU-1", mode="hbm", xid=48)])
+    store.insert_events([XidEvent(ts=t + dt.timedelta(seconds=30), node="n1", xid=48,
+                                  message="DBE", source="sim", gpu_uuid="GPU-1")])
+    assert derive_from_xids(store) == 0
+    store.insert_events([XidEvent(ts=t + dt.timedelta(hours=5), node="n1", xid=48,
+                                  message="DBE", source="sim", gpu_uuid="GPU-1")])
+    assert derive_from_xids(store) == 1

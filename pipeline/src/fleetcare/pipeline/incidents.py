@@ -196,7 +196,9 @@ def derive_from_xids(store: Store, *, catalog: XidCatalog = DEFAULT_CATALOG,
         return 0
     known: dict[tuple[str, str | None], list[dt.datetime]] = {}
     for node, gpu, ts in store.cursor().execute(
-            "SELECT node, gpu_uuid, ts FROM incidents WHERE source = 'xid' AND kind = 'failure'"
+            # any source: a failure an operator, Slurm or the simulator already recorded
+            # is not counted again from its XIDs (labels would double)
+            "SELECT node, gpu_uuid, ts FROM incidents WHERE kind = 'failure'"
             + (" AND ts >= ?" if since_n else ""), [since_n - burst] if since_n else []
     ).fetchall():
         known.setdefault((node, gpu), []).append(ts)
