@@ -30,14 +30,18 @@ from fleetcare.collectors.contract import (
     XidEvent,
 )
 from fleetcare.collectors.transport import Record
-from fleetcare.collectors.transport.embedded import EmbeddedBus
+from fleetcare.collectors.transport.embedded import _HEAD, EmbeddedBus
 from fleetcare.pipeline import schema
 from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
 from tests.collectors.test_kafka_bus import kafka_broker  # noqa: F401  (session fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
-T0 = dt.datetime(2026, 1, 1, 4, 30, tzinfo=dt.UTC)
+# Two days ago at 04:30 UTC: inside what ingest validation accepts, whatever today is.
+DAY = (dt.datetime.now(dt.UTC) - dt.timedelta(days=2)).replace(hour=0, minute=0, second=0,
+                                                               microsecond=0)
+T0 = DAY + dt.timedelta(hours=4, minutes=30)
+DATE = f"{T0:%Y-%m-%d}"
 GPUS = 4
 SUMMARY_KEYS = {"records", "samples", "events", "incidents", "quarantined", "reason",
                 "seconds", "commits", "commit_failures", "worker_id"}
@@ -207,16 +211,20 @@ def test_embedded_bus_into_the_lake(tmp_path: Path) -> None:
     for seq in range(130):  # 65 minutes: two hour partitions
         for node in nodes:
             bus.send(make_batch(node, seq))
+    bus._append(_HEAD.pack(6, 0, 8) + b"node-000" + b"\xffjunk\x00")  # one undecodable record
     bus.flush()
     out = run_ingest("--bus", f"embedded://{tmp_path / 'bus'}", "--lake", str(tmp_path / "lake"),
                      "--exit-when-idle", "0.5", "--worker-id", "w1")
     assert out["worker_id"] == "w1" and out["samples"] == 2 * 130 * GPUS
+    assert out["quarantined"] == 1
     hours = sorted(p.relative_to(tmp_path / "lake").as_posix()
                    for p in (tmp_path / "lake" / "telemetry").glob("date=*/hour=*"))
-    assert hours == ["telemetry/date=2026-01-01/hour=04", "telemetry/date=2026-01-01/hour=05"]
+    assert hours == [f"telemetry/date={DATE}/hour=04", f"telemetry/date={DATE}/hour=05"]
     con = open_lake(tmp_path / "lake")
     assert_exactly_once(con, expected(nodes, 130),
                         {t: f"lake_{t}" for t in ("telemetry", "xid_events", "incidents")})
+    (source, raw, code), = con.execute("SELECT source, raw, code FROM lake_quarantine").fetchall()
+    assert raw == b"\xffjunk\x00" and code and source.startswith("fleetcare.telemetry/")
 
 
 def test_usage_errors_name_the_flag(tmp_path: Path) -> None:

@@ -19,8 +19,11 @@ from fleetcare.pipeline import schema
 from fleetcare.pipeline.lake import SCHEMA_FILE, TABLES, LakeWriter, compact, open_lake
 from tests.collectors.test_kafka_bus import kafka_broker  # noqa: F401  (session fixture)
 from tests.pipeline.test_ingest_worker import (
+    DATE,
+    DAY,
     GPUS,
     SUMMARY_KEYS,
+    T0,
     Producer,
     assert_exactly_once,
     expected,
@@ -46,18 +49,18 @@ def test_layout_by_date_and_hour_one_file_per_partition_per_flush(tmp_path: Path
     files = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.parquet"))
     assert files == [
         "incidents/_schema.parquet",
-        "incidents/date=2026-01-01/hour=04/w1-00000005.parquet",
-        "incidents/date=2026-01-01/hour=05/w1-00000006.parquet",
+        f"incidents/date={DATE}/hour=04/w1-00000005.parquet",
+        f"incidents/date={DATE}/hour=05/w1-00000006.parquet",
         "quarantine/_schema.parquet",
         "telemetry/_schema.parquet",
-        "telemetry/date=2026-01-01/hour=04/w1-00000001.parquet",
-        "telemetry/date=2026-01-01/hour=05/w1-00000002.parquet",
+        f"telemetry/date={DATE}/hour=04/w1-00000001.parquet",
+        f"telemetry/date={DATE}/hour=05/w1-00000002.parquet",
         "xid_events/_schema.parquet",
-        "xid_events/date=2026-01-01/hour=04/w1-00000003.parquet",
-        "xid_events/date=2026-01-01/hour=05/w1-00000004.parquet",
+        f"xid_events/date={DATE}/hour=04/w1-00000003.parquet",
+        f"xid_events/date={DATE}/hour=05/w1-00000004.parquet",
     ]
     assert not list(tmp_path.rglob("*.tmp"))  # no temporary file left behind
-    t = pq.read_table(tmp_path / "telemetry/date=2026-01-01/hour=04/w1-00000001.parquet")
+    t = pq.read_table(tmp_path / f"telemetry/date={DATE}/hour=04/w1-00000001.parquet")
     assert t.schema == schema.SAMPLE_SCHEMA and t.num_rows == 60 * GPUS
     assert lake.pending_rows == 0 and lake.files_written == 6
 
@@ -76,19 +79,19 @@ def test_views_hide_duplicates_from_redelivery(tmp_path: Path) -> None:
     # rows come back exactly as written (the contract's columns and types)
     row = con.execute("SELECT ts, ecc_corrected_volatile, gpu_temp_c FROM lake_telemetry "
                       "WHERE gpu_uuid = 'GPU-a-1' AND ecc_corrected_volatile = 45").fetchone()
-    assert row == (dt.datetime(2026, 1, 1, 4, 52, 30), 45, 55.0)
+    assert row == ((T0 + dt.timedelta(minutes=22, seconds=30)).replace(tzinfo=None), 45, 55.0)
 
 
 def test_quarantine_is_kept_with_reason_and_raw_bytes(tmp_path: Path) -> None:
     lake = LakeWriter(tmp_path, worker_id="w1")
     lake.quarantine("fleetcare.telemetry/0@7", "not a fleetcare batch", b"\xff junk",
-                    received_at=dt.datetime(2026, 2, 3, 10, 15, tzinfo=dt.UTC))
+                    received_at=dt.datetime(2026, 2, 3, 10, 15, tzinfo=dt.UTC), code="undecodable")
     assert lake.pending_rows == 1
     lake.flush()
     assert (tmp_path / "quarantine/date=2026-02-03/hour=10/w1-00000001.parquet").exists()
     rows = open_lake(tmp_path).execute("SELECT * FROM lake_quarantine").fetchall()
     assert rows == [(dt.datetime(2026, 2, 3, 10, 15), "fleetcare.telemetry/0@7",
-                     "not a fleetcare batch", b"\xff junk")]
+                     "not a fleetcare batch", b"\xff junk", "undecodable")]
 
 
 def test_an_empty_lake_has_typed_empty_views(tmp_path: Path) -> None:
@@ -124,13 +127,13 @@ def test_compaction_merges_old_partitions_and_drops_duplicates(tmp_path: Path) -
     nodes = ["a", "b", "c"]
     write(LakeWriter(tmp_path, worker_id="w1"), nodes, range(0, 60))
     write(LakeWriter(tmp_path, worker_id="w2"), nodes, range(30, 100))
-    now = dt.datetime(2026, 1, 1, 7, 0, tzinfo=dt.UTC)
+    now = DAY + dt.timedelta(hours=7)
     result = compact(tmp_path, older_than=dt.timedelta(hours=2), now=now)
     # 04:00 partitions of three tables were old enough and had two files; 05:00 not yet
     assert (result.partitions, result.files_in, result.files_out) == (3, 6, 3)
-    telemetry_04 = list((tmp_path / "telemetry/date=2026-01-01/hour=04").glob("*.parquet"))
+    telemetry_04 = list((tmp_path / f"telemetry/date={DATE}/hour=04").glob("*.parquet"))
     assert len(telemetry_04) == 1 and telemetry_04[0].name.startswith("compact-")
-    assert [p.name for p in (tmp_path / "telemetry/date=2026-01-01/hour=05").glob("*.parquet")
+    assert [p.name for p in (tmp_path / f"telemetry/date={DATE}/hour=05").glob("*.parquet")
             ] == ["w2-00000002.parquet"]
     assert pq.read_table(telemetry_04[0]).schema == schema.SAMPLE_SCHEMA
     con = open_lake(tmp_path)

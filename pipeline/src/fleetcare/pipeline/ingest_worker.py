@@ -283,6 +283,11 @@ class IngestWorker:
                     ("events", "XID events landed."),
                     ("incidents", "Incidents landed."),
                     ("quarantined", "Records kept in quarantine instead of landed."))]
+        by_code = getattr(self.ingestor, "quarantined_by_code", None) or {}
+        if by_code:
+            fams.append(Family("fleetcare_ingest_quarantined_by_code_total", "counter",
+                               "Quarantined records by reason code.",
+                               [({**labels, "code": c}, n) for c, n in sorted(by_code.items())]))
         fams.append(Family("fleetcare_ingest_commits_total", "counter",
                            "Offset commits done after the rows were durable.",
                            [(labels, self.gate.commits)]))

@@ -50,7 +50,9 @@ from fleetcare.pipeline.store import records_to_arrow
 log = logging.getLogger(__name__)
 
 QUARANTINE_SCHEMA = pa.schema([("received_at", pa.timestamp("us")), ("source", pa.string()),
-                               ("reason", pa.string()), ("raw", pa.binary())])
+                               ("reason", pa.string()), ("raw", pa.binary()),
+                               ("code", pa.string())])
+"""The columns of the DuckDB ``quarantine`` table (``schema.DDL``), in its order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,7 +119,7 @@ class LakeWriter:
                              "'_', '.' and '-' (it becomes part of file names)")
         self._seq = itertools.count(1)
         self._buffer: dict[str, list[pa.Table]] = {name: [] for name in TABLES}
-        self._quarantined: list[tuple[dt.datetime, str, str, bytes]] = []
+        self._quarantined: list[tuple[dt.datetime, str, str, bytes, str | None]] = []
         self.files_written = 0
         self.rows_written = 0
         ensure_layout(self.root)
@@ -141,11 +143,13 @@ class LakeWriter:
         return counts[0], counts[1], counts[2]
 
     def quarantine(self, source: str, reason: str, raw: bytes, *,
-                   received_at: dt.datetime | None = None) -> None:
+                   received_at: dt.datetime | None = None, code: str | None = None) -> None:
+        """Buffer a record we could not accept (``Store.quarantine``'s signature)."""
         when = received_at or dt.datetime.now(dt.UTC)
         when = when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
-        self._quarantined.append((when, source, reason, raw))
-        log.warning("ingest.quarantined source=%s reason=%s bytes=%d", source, reason, len(raw))
+        self._quarantined.append((when, source, reason, raw, code))
+        log.warning("ingest.quarantined source=%s code=%s reason=%s bytes=%d",
+                    source, code, reason, len(raw))
 
     # -- durability -------------------------------------------------------------------------
     @property

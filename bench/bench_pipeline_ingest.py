@@ -1,0 +1,190 @@
+"""Ingest from the real Kafka broker (deploy/kafka) into DuckDB and into the Parquet lake,
+against the plain consume rate of the same consumer (poll + decode, no writes); and two
+lake workers in one consumer group against one.
+
+    .venv/bin/python bench/bench_pipeline_ingest.py [--nodes 128] [--ticks 60] [--bus kafka://127.0.0.1:9092]
+
+The stream is simulated (the agent's sim backend, 8 GPUs per node, one batch per node
+per tick) and produced once to a fresh topic prefix (6 partitions per topic). Every case
+is its own process and its own consumer group, so each reads the whole stream. Rates are
+samples from the first record received to the last one made durable and committed
+(joining the group is excluded; it is reported as ``join_s``). One run each: the machine
+is shared, so read the ratios, not the third digit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from _common import report  # noqa: E402
+
+ROLES = ("consume", "duckdb", "lake")
+
+
+class Timed:
+    """A ``BusConsumer`` wrapper that notes when the first record arrived and when the
+    last commit returned (``time.time()``, comparable across processes)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.first: float | None = None
+        self.last_commit: float | None = None
+        self.started = time.time()
+
+    def poll(self, timeout_s: float, max_records: int = 10_000) -> list[Any]:
+        out = self.inner.poll(timeout_s, max_records)
+        if out and self.first is None:
+            self.first = time.time()
+        return out
+
+    def commit(self) -> None:
+        self.inner.commit()
+        self.last_commit = time.time()
+
+    def assignment(self) -> Any:
+        return self.inner.assignment()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def worker(role: str, bus: str, prefix: str, group: str, out: Path, idle_s: float) -> dict:
+    """One ingest process; prints what it did as JSON."""
+    from fleetcare.collectors.contract import decode_batch
+    from fleetcare.pipeline.ingest_worker import IngestWorker, open_consumer
+    from fleetcare.pipeline.lake import LakeWriter
+    from fleetcare.pipeline.store import Store
+
+    consumer = Timed(open_consumer(bus, group=group, topic_prefix=prefix))
+    if role == "consume":
+        records = samples = 0
+        last = time.monotonic()
+        while time.monotonic() - last < idle_s:
+            got = consumer.poll(0.5)
+            if got:
+                last = time.monotonic()
+                records += len(got)
+                samples += sum(len(decode_batch(r.value).samples) for r in got)
+                consumer.last_commit = time.time()  # no writes, no commit: the last decode
+        consumer.close()
+    else:
+        sink: Any = Store(out / "f.duckdb") if role == "duckdb" else LakeWriter(out / "lake")
+        summary = IngestWorker(sink, consumer, idle_exit_s=idle_s).run()
+        if role == "duckdb":
+            sink.close()
+        records, samples = summary.records, summary.samples
+    return {"records": records, "samples": samples, "started": consumer.started,
+            "first": consumer.first, "last": consumer.last_commit}
+
+
+def spawn(role: str, args: argparse.Namespace, prefix: str, group: str, out: Path
+          ) -> subprocess.Popen[str]:
+    out.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen([sys.executable, __file__, "--worker", role, "--bus", args.bus,
+                             "--prefix", prefix, "--group", group, "--out", str(out)],
+                            stdout=subprocess.PIPE, text=True)
+
+
+def run_case(role: str, workers: int, args: argparse.Namespace, prefix: str, tmp: Path,
+             expect_samples: int) -> dict:
+    group = f"{prefix}{role}-{workers}-{uuid.uuid4().hex[:6]}"
+    out = tmp / group
+    procs = [spawn(role, args, prefix, group, out) for _ in range(workers)]
+    results = []
+    for p in procs:
+        stdout, _ = p.communicate(timeout=900)
+        if p.returncode != 0:
+            raise SystemExit(f"{role} worker failed with exit {p.returncode}")
+        results.append(json.loads(stdout.strip().splitlines()[-1]))
+    samples = sum(r["samples"] for r in results)
+    if samples != expect_samples:
+        raise SystemExit(f"{role} x{workers}: {samples} samples, expected {expect_samples}")
+    first = min(r["first"] for r in results)
+    last = max(r["last"] for r in results)
+    return {"samples": samples, "records": sum(r["records"] for r in results),
+            "seconds": round(last - first, 3), "samples_per_s": round(samples / (last - first)),
+            "join_s": round(first - min(r["started"] for r in results), 2)}
+
+
+def produce(args: argparse.Namespace, prefix: str) -> tuple[int, int]:
+    from fleetcare.collectors.agent import Agent
+    from fleetcare.collectors.cli import sim_backend
+    from fleetcare.collectors.transport.kafka import KafkaBus
+
+    # the stream ends now: ingest validation rejects timestamps from the future
+    now0 = (dt.datetime.now(dt.UTC).replace(microsecond=0)
+            - dt.timedelta(seconds=args.interval * args.ticks))
+    backend, _ = sim_backend("bench", args.nodes, 1, now0)
+
+    class NullBus:
+        def send(self, batch: Any) -> None: ...
+        def flush(self, timeout_s: float | None = None) -> None: ...
+        def close(self) -> None: ...
+
+    agent = Agent([backend], NullBus(), node="bench", interval_s=args.interval)
+    batches: list[Any] = []
+    for i in range(args.ticks):
+        now = now0 + dt.timedelta(seconds=args.interval * i)
+        batches += agent.batches(backend.poll(now), now)
+    with tempfile.TemporaryDirectory() as spool:
+        bus = KafkaBus.from_url(args.bus, spool=spool, topic_prefix=prefix)
+        for b in batches:
+            bus.send(b)
+        bus.flush(120)
+        assert bus.spooled == 0 and bus.pending == 0, "broker unreachable: parts were spooled"
+        bus.close()
+    return len(batches), sum(len(b.samples) for b in batches)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", type=int, default=128, help="simulated nodes (8 GPUs each)")
+    ap.add_argument("--ticks", type=int, default=60, help="ticks per node")
+    ap.add_argument("--interval", type=float, default=60.0, help="seconds between ticks")
+    ap.add_argument("--bus", default="kafka://127.0.0.1:9092")
+    ap.add_argument("--worker", choices=ROLES, help=argparse.SUPPRESS)
+    ap.add_argument("--prefix", help=argparse.SUPPRESS)
+    ap.add_argument("--group", help=argparse.SUPPRESS)
+    ap.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--idle", type=float, default=3.0, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.bus, args.prefix, args.group, args.out,
+                                args.idle)))
+        return 0
+
+    prefix = f"bench-{uuid.uuid4().hex[:8]}."
+    t0 = time.perf_counter()
+    batches, samples = produce(args, prefix)
+    produce_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        cases = {(role, n): run_case(role, n, args, prefix, Path(tmp), samples)
+                 for role, n in (("consume", 1), ("duckdb", 1), ("lake", 1), ("lake", 2))}
+    base = cases[("consume", 1)]["samples_per_s"]
+    common = {"nodes": args.nodes, "gpus": args.nodes * 8, "batches": batches,
+              "samples": samples, "partitions_per_topic": 6, "produce_s": round(produce_s, 1)}
+    report("ingest_kafka_consume_only", {**common, **cases[("consume", 1)]})
+    for role in ("duckdb", "lake"):
+        c = cases[(role, 1)]
+        report(f"ingest_kafka_{role}", {**common, **c,
+                                        "ratio_to_consume": round(c["samples_per_s"] / base, 3)})
+    one, two = cases[("lake", 1)], cases[("lake", 2)]
+    report("ingest_kafka_lake_two_workers", {**common, **two,
+                                             "speedup_vs_one": round(
+                                                 two["samples_per_s"] / one["samples_per_s"], 3)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
