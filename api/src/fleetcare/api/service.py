@@ -13,6 +13,7 @@ Both loops log exceptions and keep running (a daemon never dies of one bad poll)
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -20,7 +21,7 @@ from collections.abc import Callable
 
 from fleetcare.collectors.transport import BusConsumer
 from fleetcare.models import registry, scoring
-from fleetcare.pipeline import features
+from fleetcare.pipeline import features, incidents, retention
 from fleetcare.pipeline.ingest import Ingestor
 from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.validate import RecordValidator
@@ -32,7 +33,9 @@ class Service:
     def __init__(self, store: Store, *, consumer: BusConsumer | None = None,
                  score_every_s: float = 60.0, ingest_idle_s: float = 0.5,
                  clock: Callable[[], float] = time.monotonic,
-                 validator: RecordValidator | None = None) -> None:
+                 validator: RecordValidator | None = None,
+                 keep_raw: dt.timedelta | None = retention.DEFAULT_KEEP_RAW,
+                 retention_every_s: float = 3600.0) -> None:
         self.store = store
         self.ingestor = (Ingestor(store, consumer, validator=validator)
                          if consumer is not None else None)
@@ -41,12 +44,30 @@ class Service:
         self.clock = clock
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.keep_raw = keep_raw
+        self.retention_every_s = retention_every_s
+        self._retained_at: float | None = None
         self.scores = 0
         self.on_scored: Callable[[], None] | None = None
 
+    def _newest_telemetry(self) -> dt.datetime | None:
+        row = self.store.cursor().execute("SELECT max(ts) FROM telemetry").fetchall()[0]
+        return row[0].replace(tzinfo=dt.UTC) if row[0] is not None else None
+
     def rescore(self) -> None:
-        """Bring features up to date and score every GPU and node once."""
+        """Derive failures from fresh fatal XIDs, bring features up to date, score every
+        GPU and node once, and (hourly) drop raw telemetry that is rolled up and old."""
+        newest = self._newest_telemetry()
+        if newest is not None:
+            incidents.derive_from_xids(self.store, since=newest - dt.timedelta(hours=6))
         features.refresh(self.store)
+        if (self.keep_raw is not None and newest is not None
+                and (self._retained_at is None
+                     or self.clock() - self._retained_at >= self.retention_every_s)):
+            # relative to the newest data, not the wall clock: replayed or simulated
+            # history is never deleted for being old by the calendar
+            retention.apply(self.store, self.keep_raw, now=newest)
+            self._retained_at = self.clock()
         if registry.current(self.store) is not None:
             scoring.score(self.store)
             self.scores += 1
