@@ -80,7 +80,7 @@ def worker(role: str, bus: str, prefix: str, group: str, out: Path, idle_s: floa
         consumer.close()
     else:
         sink: Any = Store(out / "f.duckdb") if role == "duckdb" else LakeWriter(out / "lake")
-        summary = IngestWorker(sink, consumer, idle_exit_s=idle_s).run()
+        summary = IngestWorker(sink, consumer, idle_exit_s=idle_s, poll_timeout_s=0.2).run()
         if role == "duckdb":
             sink.close()
         records, samples = summary.records, summary.samples
