@@ -86,6 +86,11 @@ def test_node_metrics_exact():
     m = M.node_metrics(ts, node, score, node_label, failures, 24.0, 20.0)
     assert m["recall_at_budget"] == 0.0 and m["threshold"] is None
     assert m["recall_by_mode"] == {"hbm": 0.0, "thermal": 0.0}
+    # reported honestly: alarm on nothing, 0 drains of the 0 allowed; even the single
+    # highest score would have been a false drain
+    assert (m["false_drains"], m["false_drains_allowed"]) == (0, 0)
+    assert m["false_drains_per_1000_node_days"] == 0.0
+    assert m["strictest_false_drains"] == 1
 
 
 def test_undefined_metrics_are_null_not_nan():

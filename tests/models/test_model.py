@@ -103,3 +103,31 @@ def test_garbage_bytes_rejected():
         FailureModel.from_bytes(b'{"format": "other"}')
     with pytest.raises(ModelFormatError, match="cannot read"):
         FailureModel.from_bytes(b"\x00garbage")
+
+
+def test_monotone_features_never_lower_the_margin():
+    X, y = planted_rows(4000, seed=4)
+    y = y | (X[:, 1] < -2.3)  # a few failures at *low* values of feature 1 (noise to fit)
+    free = FailureModel(n_estimators=60).fit(X, y, feature_names=NAMES)
+    mono = FailureModel(n_estimators=60, monotone_increasing=["gpu_temp_c"]).fit(
+        X, y, feature_names=NAMES)
+    assert mono.lgb_params(1.0, NAMES)["monotone_constraints"] == [0, 1, 0, 0]
+    assert "monotone_constraints" not in free.lgb_params(1.0, NAMES)
+    grid = np.zeros((50, 4))
+    grid[:, 1] = np.linspace(-4, 4, 50)
+    assert (np.diff(mono.decision_function(grid)) >= 0).all()
+    assert (np.diff(free.decision_function(grid)) < 0).any()
+    back = FailureModel.from_bytes(mono.to_bytes())
+    assert back.monotone_increasing == ("gpu_temp_c",)
+    assert back.get_params() == mono.get_params()
+
+
+def test_isotonic_steps_keep_the_boosters_order():
+    model, X, _ = _fit()
+    assert model.calibrator_["kind"] == "isotonic"
+    Xs = X[np.argsort(model.decision_function(X))]
+    margin, p = model.decision_function(Xs), model.predict_proba(Xs)[:, 1]
+    rising = np.diff(margin) > 0
+    assert (np.diff(p)[rising] > 0).all()  # no flat step ties two GPUs the booster ranks apart
+    iso = np.interp(margin, model.calibrator_["x"], model.calibrator_["y"])
+    assert np.abs(p - iso).max() <= 1e-6  # and calibration is unchanged

@@ -49,3 +49,23 @@ def test_same_seed_same_result(timeline):
     a, ma = fit_and_evaluate(timeline, splits, seed=3, params={"n_estimators": 30})
     b, mb = fit_and_evaluate(timeline, splits, seed=3, params={"n_estimators": 30})
     assert a.to_bytes() == b.to_bytes() and ma == mb
+
+
+def test_model_sees_health_signals_not_identity_or_load():
+    from fleetcare.models.training import model_features, monotone_features
+    from fleetcare.pipeline.feature_defs import FEATURES
+
+    names = [f.name for f in FEATURES]
+    kept = model_features(names)
+    for gone in ("ecc_corrected_lifetime", "node_gpus", "hours_since_sample", "power_mean_7d",
+                 "gpu_temp_mean_24h", "throttle_power_frac_1h", "pcie_gen_down_frac_6h",
+                 "gpu_temp_now"):
+        assert gone not in kept
+    for stays in ("ecc_corrected_1h", "pcie_replay_24h_rel", "node_max_gpu_temp_resid_24h",
+                  "gpu_temp_resid_1h", "gpu_temp_slope_6h", "throttle_thermal_frac_24h_rel",
+                  "xid_application_7d", "gpu_failures_28d", "remapped_rows_pending_now"):
+        assert stays in kept
+    mono = monotone_features(kept)
+    assert {"ecc_corrected_1h", "nvlink_crc_24h_rel", "node_max_pcie_replay_24h",
+            "xid_memory_6h", "node_xid_bus_24h", "remapped_rows_failure_now"} <= set(mono)
+    assert not {"xid_application_1h", "gpu_temp_resid_1h", "xid_memory_hours_since"} & set(mono)

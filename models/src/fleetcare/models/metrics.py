@@ -8,7 +8,11 @@
 - A failure at f is *detected* when an episode of its node starts in ``[f - H, f)``;
   its lead time is ``f - start``.
 - The operating threshold is the lowest one whose false drains stay within the budget
-  (default 1 per 1,000 node-days): it maximises recall under the budget.
+  (default 1 per 1,000 node-days): it maximises recall under the budget. The budget is a
+  whole number of drains: on a test of fewer than 1,000 node-days it allows none. When
+  no threshold fits, the operating point is "alarm on nothing" (0 false drains, recall
+  0), and ``strictest_false_drains`` says how many false drains even the single highest
+  score brings (the evidence that the budget, not the search, made recall 0).
 
 With few failures these numbers are noisy; every function returns ``None`` where a
 metric is undefined (no positives, no failures) and never NaN, so results are JSON-safe.
@@ -198,6 +202,8 @@ def node_metrics(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, node_label:
         "recall_at_budget": None,
         "false_drains": None,
         "false_drains_per_1000_node_days": None,
+        "false_drains_allowed": int(math.floor(false_drain_budget * node_days / 1000.0 + 1e-9)),
+        "strictest_false_drains": None,
         "median_lead_time_h": None,
         "recall_by_mode": {},
     }
@@ -206,6 +212,13 @@ def node_metrics(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, node_label:
         out["recall_by_mode"] = {m: (0.0 if n_fail else None) for m in modes}
         if n_fail:
             out["recall_at_budget"] = 0.0
+        finite = np.asarray(risk, dtype=np.float64)
+        finite = finite[np.isfinite(finite)]
+        if len(finite) and node_days > 0:
+            out["false_drains"] = 0
+            out["false_drains_per_1000_node_days"] = 0.0
+            out["strictest_false_drains"] = evaluate_alarms(
+                ts, node, risk, failures, float(finite.max()), horizon).false_drains
         return out
     out["threshold"] = json_float(res.threshold)
     out["false_drains"] = res.false_drains

@@ -15,6 +15,10 @@ period the booster never saw:
 - ``prior``     when the calibration set is missing or has one class only: the margin
                 is shifted by ``-log(scale_pos_weight)``, undoing the class weighting.
 
+``monotone_increasing`` names features whose rise may never lower the margin (LightGBM
+monotone constraints): error counters, where "more errors, less risk" can only be a
+fit to noise when a training set holds a few dozen failures.
+
 Exceptions::
 
     ModelError                 base class
@@ -128,10 +132,18 @@ def _fit_calibrator(margin: np.ndarray, y: np.ndarray, *, spw: float, method: st
     raise ValueError(f"calibration={method!r}: use 'auto', 'isotonic' or 'sigmoid'")
 
 
+ISOTONIC_TIE_BREAK = 1e-6
+"""Weight of the margin's sigmoid mixed into isotonic probabilities: isotonic steps are
+flat (with a few failures in the calibration set the top step is P = 1 over a wide
+range of margins), which would tie GPUs the booster ranks apart; this keeps the map
+strictly increasing and moves no probability by more than 1e-6."""
+
+
 def _apply_calibrator(cal: Mapping[str, Any], margin: np.ndarray) -> np.ndarray:
     kind = cal["kind"]
     if kind == "isotonic":
-        return np.interp(margin, np.asarray(cal["x"]), np.asarray(cal["y"]))
+        iso = np.interp(margin, np.asarray(cal["x"]), np.asarray(cal["y"]))
+        return (1.0 - ISOTONIC_TIE_BREAK) * iso + ISOTONIC_TIE_BREAK * _sigmoid(margin)
     if kind == "sigmoid":
         return _sigmoid(cal["a"] * margin + cal["b"])
     if kind == "prior":
@@ -149,7 +161,7 @@ class FailureModel:
                  bagging_fraction: float = 0.8, lambda_l2: float = 1.0,
                  scale_pos_weight: float | None = None, max_pos_weight: float = 100.0,
                  calibration: str = "auto", min_isotonic_positives: int = 50,
-                 num_threads: int = 2) -> None:
+                 monotone_increasing: Sequence[str] = (), num_threads: int = 2) -> None:
         self.horizon_h = horizon_h
         self.seed = seed
         self.n_estimators = n_estimators
@@ -163,12 +175,13 @@ class FailureModel:
         self.max_pos_weight = max_pos_weight
         self.calibration = calibration
         self.min_isotonic_positives = min_isotonic_positives
+        self.monotone_increasing = tuple(monotone_increasing)
         self.num_threads = num_threads
 
     _PARAM_NAMES = ("horizon_h", "seed", "n_estimators", "num_leaves", "learning_rate",
                     "min_child_samples", "feature_fraction", "bagging_fraction", "lambda_l2",
                     "scale_pos_weight", "max_pos_weight", "calibration",
-                    "min_isotonic_positives", "num_threads")
+                    "min_isotonic_positives", "monotone_increasing", "num_threads")
 
     def get_params(self, deep: bool = True) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self._PARAM_NAMES}
@@ -177,15 +190,24 @@ class FailureModel:
         for name, value in params.items():
             if name not in self._PARAM_NAMES:
                 raise ValueError(f"unknown parameter {name!r}; valid: {', '.join(self._PARAM_NAMES)}")
-            setattr(self, name, value)
+            setattr(self, name, tuple(value) if name == "monotone_increasing" else value)
         return self
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.get_params().items())
         return f"FailureModel({args})"
 
-    def lgb_params(self, spw: float) -> dict[str, Any]:
-        """The LightGBM parameters used (deterministic for a given seed)."""
+    def lgb_params(self, spw: float, feature_names: Sequence[str] = ()) -> dict[str, Any]:
+        """The LightGBM parameters used (deterministic for a given seed).
+
+        Features named in ``monotone_increasing`` get LightGBM's monotone constraint +1:
+        the margin never falls when such a feature rises (more errors, never less risk).
+        """
+        up = set(self.monotone_increasing)
+        extra: dict[str, Any] = {}
+        if up & set(feature_names):
+            extra = {"monotone_constraints": [1 if n in up else 0 for n in feature_names],
+                     "monotone_constraints_method": "advanced"}
         return {
             "objective": "binary",
             "learning_rate": self.learning_rate,
@@ -202,6 +224,7 @@ class FailureModel:
             "force_row_wise": True,
             "num_threads": self.num_threads,
             "verbosity": -1,
+            **extra,
         }
 
     def fit(self, X: Matrix, y: Any, *, X_cal: Matrix | None = None, y_cal: Any = None,
@@ -220,7 +243,7 @@ class FailureModel:
         if spw is None:
             spw = min((len(yv) - n_pos) / n_pos, self.max_pos_weight)
         spw = max(float(spw), 1.0)
-        params = self.lgb_params(spw)
+        params = self.lgb_params(spw, names)
         data = lgb.Dataset(Xm, label=yv.astype(np.float64), feature_name=names,
                            params={"verbosity": -1}, free_raw_data=True)
         booster = lgb.train(params, data, num_boost_round=self.n_estimators)
@@ -307,7 +330,9 @@ class FailureModel:
                 raise ModelFormatError(
                     f"format {doc.get('format')!r} is not {FORMAT!r}: not a FailureModel, or "
                     "written by a newer fleetcare; upgrade fleetcare-models")
-            model = cls(**doc["params"])
+            params = dict(doc["params"])
+            params["monotone_increasing"] = tuple(params.get("monotone_increasing", ()))
+            model = cls(**params)
             model.booster_ = lgb.Booster(model_str=doc["booster"])
             model.feature_names_in_ = list(doc["feature_names"])
             model.n_features_in_ = len(model.feature_names_in_)

@@ -7,6 +7,24 @@ label leaks from one period into the one before, and rows whose window runs past
 end of the data are dropped because their label is not known yet. The model is fitted
 on train, calibrated on cal, and measured on test at node level
 (``fleetcare.models.metrics``); then it is saved in the registry.
+
+What the model sees and how hard it may fit (``MODEL_DEFAULTS``, ``model_features``,
+``monotone_features``) is set for the regime a fleet is in: a few dozen failures among
+10^5 - 10^6 GPU-hours. Measured on simulated fleets (64 nodes x 30 days, two seeds, the
+time split above), each of these is needed:
+
+- Only health signals enter the model: error counters, XIDs, link and remap state,
+  fleet-relative values, temperature residuals and slopes, failure history. Identity-
+  like columns (lifetime counters, ``node_gpus``, ``hours_since_sample``) and operating
+  levels (temperature, power, utilisation, throttle fractions, PCIe gen at idle) describe
+  where a GPU sits and what it runs; with ~20 training failures the booster used them to
+  memorise which GPUs failed and ranked error-free GPUs above GPUs in an NVLink CRC
+  storm.
+- No class re-weighting (``scale_pos_weight=1``): weighting the positives ~100x let
+  single failures carve their own leaves (one PCIe replay in an hour scored as high as
+  a thousand), and the calibrator undoes the weighting anyway.
+- Error counters are monotone (more errors never lower the risk), and the trees are
+  small with large leaves (``min_child_samples=100``).
 """
 
 from __future__ import annotations
@@ -32,6 +50,24 @@ WARMUP = dt.timedelta(hours=24)
 TRAIN_FRACTION = 0.60
 CAL_FRACTION = 0.15
 LABEL_COLUMNS = ("label", "node_label", "failure_ts", "failure_mode", "failure_cause")
+
+MODEL_DEFAULTS: dict[str, Any] = {
+    "n_estimators": 300, "learning_rate": 0.03, "num_leaves": 15, "min_child_samples": 100,
+    "feature_fraction": 0.5, "scale_pos_weight": 1.0,
+}
+"""FailureModel hyperparameters of ``train`` / ``fit_and_evaluate``; ``params`` override."""
+
+_ERROR_STEMS = ("ecc_corrected", "ecc_uncorrected", "remapped_rows", "retired_pages",
+                "pcie_replay", "nvlink_crc", "nvlink_replay", "nvlink_recovery",
+                "nvlink_flaps")
+_FAULT_FLAGS = ("remapped_rows_pending_now", "remapped_rows_failure_now",
+                "retired_pages_pending_now", "nvlink_links_down_now", "pcie_width_down_now",
+                "node_gpus_with_errors_24h")
+_IDENTITY = ("node_gpus", "hours_since_sample")
+_OPERATING_STEMS = ("gpu_temp_mean", "gpu_temp_max", "gpu_temp_std", "mem_temp_mean",
+                    "mem_temp_max", "power_mean", "util_mean", "throttle_thermal_frac",
+                    "throttle_power_frac", "throttle_hw_slowdown_frac", "pcie_gen_down_frac")
+_OPERATING_NOW = ("gpu_temp_now", "pcie_gen_down_now", "nvlink_links_now")
 
 Progress = Callable[[str], None]
 
@@ -95,6 +131,50 @@ def feature_columns(table: pa.Table) -> list[str]:
     return [c for c in table.column_names if c not in skip]
 
 
+def _stem(name: str) -> str:
+    """``ecc_corrected_24h_rel`` -> ``ecc_corrected``; names without a window unchanged."""
+    from fleetcare.pipeline.feature_defs import WINDOWS
+
+    base = name.removeprefix("node_max_").removesuffix("_rel")
+    head, _, window = base.rpartition("_")
+    return head if head and window in WINDOWS else base
+
+
+def model_features(names: Sequence[str]) -> list[str]:
+    """The feature columns the model is trained on: health signals, not identity or load.
+
+    Dropped: lifetime counters, ``node_gpus``, ``hours_since_sample`` (identity-like, and
+    0 on the training grid while live scoring can see stale GPUs) and operating levels
+    (temperatures, power, utilisation, throttle fractions, PCIe gen, link count). The
+    thermal signal stays in ``gpu_temp_resid_*`` (vs. the fleet at the same power) and
+    ``gpu_temp_slope_*``.
+    """
+    out = []
+    for n in names:
+        if n.endswith("_lifetime") or n in _IDENTITY or n in _OPERATING_NOW:
+            continue
+        if not n.startswith("node_max_") and not n.endswith("_rel") and _stem(n) in _OPERATING_STEMS:
+            continue
+        out.append(n)
+    return out
+
+
+def monotone_features(names: Sequence[str]) -> list[str]:
+    """Features whose rise may never lower the risk: error counts (also fleet-relative and
+    node max), XIDs other than application ones, fault flags, downtrained-link fractions."""
+    from fleetcare.pipeline.feature_defs import XID_CLASSES
+
+    xids = {f"xid_{c}" for c in XID_CLASSES if c != "application"}
+    xids |= {f"node_{x}" for x in xids}
+    out = []
+    for n in names:
+        stem = _stem(n)
+        if (stem in _ERROR_STEMS or stem in xids or n in _FAULT_FLAGS
+                or stem == "pcie_width_down_frac"):
+            out.append(n)
+    return out
+
+
 def _failures(table: pa.Table, mask: np.ndarray) -> list[M.Failure]:
     """The node failures the rows in ``mask`` look ahead to (distinct node, time)."""
     node_label = _bool(table, "node_label") & mask
@@ -152,7 +232,7 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
     (``labels.attach_labels``) on a time grid.
     """
     say = progress or (lambda _msg: None)
-    names = feature_columns(table)
+    names = model_features(feature_columns(table))
     ts = ts_column(table)
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
     b0, b1, b2 = _np_ts(splits.start), _np_ts(splits.cal_start), _np_ts(splits.test_start)
@@ -162,7 +242,8 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
     test_m = (ts >= b2) & (ts + H <= last) & (ts <= _np_ts(splits.end))
     y = _bool(table, "label")
     say(f"fitting on {int(train_m.sum())} rows ({int(y[train_m].sum())} positive)")
-    model = FailureModel(horizon_h=horizon_h, seed=seed, **(params or {}))
+    hyper: dict[str, Any] = {**MODEL_DEFAULTS, "monotone_increasing": monotone_features(names)}
+    model = FailureModel(horizon_h=horizon_h, seed=seed, **{**hyper, **(params or {})})
     model.fit(table.filter(pa.array(train_m)), y[train_m],
               X_cal=table.filter(pa.array(cal_m)), y_cal=y[cal_m], feature_names=names)
     say(f"calibrated ({model.calibrator_['kind']}) on {int(cal_m.sum())} rows "
