@@ -1,0 +1,291 @@
+"""Evaluate fleetcare against the baselines on one store's future, or on another fleet.
+
+``evaluate_store(store)``: features and labels for the whole store, the time split of
+``training.Splits`` (train 60 % / calibrate 15 % / test 25 %). A fresh model is trained on
+the store's own train period (``training.fit_and_evaluate``, nothing is registered): the
+report measures the method on data it has not seen, whatever model is current. The
+logistic baseline is fitted on the same train rows; the rules need no fitting. Every
+method is measured on the same test rows, failures and node-days, with the same episode
+logic (``metrics``); then the goodput simulation (``goodput_sim``) runs over the test
+period with the model's drain threshold chosen on the calibration period.
+
+``evaluate_cross(train_store, test_store)``: model and logistic trained on all of fleet
+A's time (the last 20 % calibrates the model and picks the goodput threshold), measured on
+fleet B's test period.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from fleetcare.models import baselines as B
+from fleetcare.models import goodput_sim as G
+from fleetcare.models import metrics as M
+from fleetcare.models import training as T
+from fleetcare.models.goodput import CostModel
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+METHOD_KEYS = ("pr_auc", "recall_at_budget", "false_drains_per_1000_node_days",
+               "median_lead_time_h", "recall_by_mode")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    horizon_h: float = 24.0
+    seed: int = 0
+    every_s: int = 3600
+    cost: CostModel = field(default_factory=CostModel)
+    job_sizes: tuple[int, ...] = G.DEFAULT_JOB_SIZES
+    min_lead_h: float = G.MIN_LEAD_H
+    checkpoint_write_h: float = G.CHECKPOINT_WRITE_H
+
+
+@dataclass
+class Fleet:
+    """One store's features + labels, its split and the masks of each period."""
+    store: Any
+    table: pa.Table
+    splits: T.Splits
+    last: dt.datetime
+    ts: np.ndarray
+    train_m: np.ndarray
+    cal_m: np.ndarray
+    test_m: np.ndarray
+
+
+def _np(t: dt.datetime) -> np.datetime64:
+    return T._np_ts(t)
+
+
+def load_fleet(store: Any, cfg: EvalConfig, *, cal_start_frac: float | None = None,
+               whole: bool = False, say: Progress = lambda _m: None) -> Fleet:
+    from fleetcare.pipeline import features, labels
+
+    features.refresh(store)
+    lo, hi = T._telemetry_range(store)
+    start = lo + T.WARMUP
+    if hi <= start:
+        raise T.TrainError(f"the store's telemetry ({lo} .. {hi}) is shorter than the "
+                           f"{T.WARMUP} warm-up: simulate more days")
+    say(f"features {start:%Y-%m-%d %H:%M} .. {hi:%Y-%m-%d %H:%M}")
+    feats = features.gpu_features(store, start, hi, every_s=cfg.every_s)
+    table = labels.attach_labels(store, feats, horizon_h=cfg.horizon_h)
+    if whole:  # train on all of it, the last 20 % calibrates
+        span = hi - start
+        splits = T.Splits(start, start + span * 0.8, hi, hi)
+    else:
+        splits = T.Splits.of(start, hi)
+    ts = T.ts_column(table)
+    H = np.timedelta64(int(round(cfg.horizon_h * 3600)), "s")
+    b0, b1, b2, end = (_np(splits.start), _np(splits.cal_start), _np(splits.test_start),
+                       _np(splits.end))
+    return Fleet(store, table, splits, hi, ts,
+                 (ts >= b0) & (ts + H <= b1), (ts >= b1) & (ts + H <= b2),
+                 (ts >= b2) & (ts + H <= _np(hi)) & (ts <= end))
+
+
+def failures_of(table: pa.Table, mask: np.ndarray) -> list[M.Failure]:
+    """Distinct (node, failure time) the rows in ``mask`` look ahead to, with their mode."""
+    nl = T._bool(table, "node_label") & mask
+    idx = np.flatnonzero(nl)
+    if not len(idx):
+        return []
+    nodes = T._str(table, "node")[idx]
+    fts = T.ts_column(table, "failure_ts")[idx]
+    modes = T._str(table, "failure_mode")[idx]
+    seen: dict[tuple[str, np.datetime64], str] = {}
+    for n, f, m in zip(nodes, fts, modes, strict=True):
+        if not np.isnat(f):
+            seen.setdefault((str(n), f), str(m) if m else "unknown")
+    return [M.Failure(n, f, m) for (n, f), m in sorted(seen.items())]
+
+
+@dataclass
+class NodeScores:
+    ts: np.ndarray
+    node: np.ndarray
+    risk: np.ndarray
+    label: np.ndarray
+
+
+def node_scores(table: pa.Table, mask: np.ndarray, p: np.ndarray) -> NodeScores:
+    sub = table.filter(pa.array(mask))
+    ts, node = T.ts_column(sub), T._str(sub, "node")
+    nts, nnode, risk = M.node_risk(ts, node, p)
+    nl = T._bool(sub, "node_label")
+    lab: dict[tuple[Any, str], bool] = {}
+    for t, n, v in zip(ts, node, nl, strict=True):
+        lab[(t, str(n))] = lab.get((t, str(n)), False) or bool(v)
+    label = np.array([lab[(t, str(n))] for t, n in zip(nts, nnode, strict=True)], dtype=bool)
+    return NodeScores(nts, nnode, risk, label)
+
+
+def _fit_model(fleet: Fleet, cfg: EvalConfig) -> Any:
+    from fleetcare.models.model import FailureModel
+
+    t = fleet.table
+    names = T.model_features(T.feature_columns(t))
+    y = T._bool(t, "label")
+    hyper = {**T.MODEL_DEFAULTS, "monotone_increasing": T.monotone_features(names)}
+    model = FailureModel(horizon_h=cfg.horizon_h, seed=cfg.seed, **hyper)
+    return model.fit(t.filter(pa.array(fleet.train_m)), y[fleet.train_m],
+                     X_cal=t.filter(pa.array(fleet.cal_m)), y_cal=y[fleet.cal_m],
+                     feature_names=names)
+
+
+def _predict(model: Any, table: pa.Table, mask: np.ndarray) -> np.ndarray:
+    sub = table.filter(pa.array(mask))
+    return model.predict_proba(sub)[:, 1] if sub.num_rows else np.zeros(0)
+
+
+def _period(fleet: Fleet, mask: np.ndarray, every_s: int) -> tuple[np.datetime64, np.datetime64]:
+    ts = fleet.ts[mask]
+    step = np.timedelta64(every_s, "s")
+    return ts.min(), ts.max() + step
+
+
+def _method_metrics(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig,
+                    node_days: float) -> dict[str, Any]:
+    out = M.node_metrics(s.ts, s.node, s.risk, s.label, failures, cfg.horizon_h, node_days)
+    res = M.choose_threshold(s.ts, s.node, s.risk, failures,
+                             np.timedelta64(int(round(cfg.horizon_h * 3600)), "s"), node_days)
+    leads = res.lead_times_h if res is not None else []
+    out["p10_lead_time_h"] = M.json_float(np.percentile(leads, 10)) if leads else None
+    return out
+
+
+def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
+              model: Any | None = None) -> dict[str, Any]:
+    if model is None:
+        say("training the model")
+        model = _fit_model(train, cfg)
+    names = T.model_features(T.feature_columns(train.table))
+    y_tr = T._bool(train.table, "label")
+    say("fitting the logistic baseline")
+    logit = B.LogisticBaseline(seed=cfg.seed).fit(train.table.filter(pa.array(train.train_m)),
+                                                   y_tr[train.train_m], feature_names=names)
+    failures = failures_of(test.table, test.test_m)
+    p = _predict(model, test.table, test.test_m)
+    s_model = node_scores(test.table, test.test_m, p)
+    node_days = len(s_model.ts) * cfg.every_s / 86400.0
+    y_te = T._bool(test.table, "label")[test.test_m]
+    say(f"scoring {int(test.test_m.sum())} test rows, {len(failures)} failures")
+    out_model = _method_metrics(s_model, failures, cfg, node_days)
+    out_model["ece"] = M.expected_calibration_error(y_te, p)
+    out_model["gpu_pr_auc"] = M.average_precision(y_te, p)
+    p_log = logit.predict_proba(test.table.filter(pa.array(test.test_m)))[:, 1]
+    s_log = node_scores(test.table, test.test_m, p_log)
+    out_log = _method_metrics(s_log, failures, cfg, node_days)
+
+    start, end = _period(test, test.test_m, cfg.every_s)
+    t0 = start.astype(dt.datetime).replace(tzinfo=dt.UTC)
+    t1 = end.astype(dt.datetime).replace(tzinfo=dt.UTC)
+    reactive = B.reactive_xid_from_store(test.store, t0, t1)
+    dcgm = B.dcgm_alarms(test.store, t0, t1)
+    out_rules = {r.name: B.evaluate_rule(r, failures, cfg.horizon_h, node_days)
+                 for r in (reactive, dcgm)}
+
+    # goodput: threshold on the expected-saving ratio, chosen on the train fleet's cal period
+    cost = cfg.cost
+    sim = {"horizon_h": cfg.horizon_h, "min_lead_h": cfg.min_lead_h,
+           "checkpoint_write_h": cfg.checkpoint_write_h}
+    cal_jobs = G.pack_jobs(sorted(set(T._str(train.table, "node"))), cfg.job_sizes,
+                           gpus_per_node=cost.gpus_per_node,
+                           checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
+    s_cal = node_scores(train.table, train.cal_m, _predict(model, train.table, train.cal_m))
+    c0, c1 = _period(train, train.cal_m, cfg.every_s)
+    thr, cal_res, _ = G.choose_goodput_threshold(
+        s_cal.ts, s_cal.node, G.decision_score(s_cal.node, s_cal.risk, cal_jobs, cost),
+        failures_of(train.table, train.cal_m), cal_jobs, cost, c0, c1, **sim)
+    jobs = G.pack_jobs(sorted(set(T._str(test.table, "node"))), cfg.job_sizes,
+                       gpus_per_node=cost.gpus_per_node,
+                       checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
+    H = np.timedelta64(int(round(cfg.horizon_h * 3600)), "s")
+    score = G.decision_score(s_model.node, s_model.risk, jobs, cost)
+    fc_eps = M.alarm_episodes(s_model.ts, s_model.node, score, thr, H) if np.isfinite(thr) else []
+    runs = {
+        "no_action": G.simulate_goodput(failures, [], jobs, cost, start, end, **sim),
+        "reactive_xid": G.simulate_goodput(failures, reactive.episodes(cfg.horizon_h), jobs,
+                                           cost, start, end, **sim),
+        "dcgm_thresholds": G.simulate_goodput(failures, dcgm.episodes(cfg.horizon_h), jobs,
+                                              cost, start, end, **sim),
+        "fleetcare": G.simulate_goodput(failures, fc_eps, jobs, cost, start, end, **sim),
+    }
+    base = runs["no_action"].gpu_hours_lost
+    goodput: dict[str, Any] = {}
+    for k, r in runs.items():
+        d = r.as_dict()
+        d["gpu_hours_recovered"] = round(base - r.gpu_hours_lost, 3)
+        goodput[k] = d
+    goodput["fleetcare"].update({
+        "threshold": M.json_float(thr) if np.isfinite(thr) else None,
+        "threshold_kind": "expected saving / drain cost (cost model break-even = 1.0)",
+        "calibration_gpu_hours_lost": round(cal_res.gpu_hours_lost, 3),
+    })
+    goodput["cost_model"] = {
+        "job_sizes_gpus": list(cfg.job_sizes), "checkpoint_interval_h": cost.checkpoint_interval_h,
+        "restart_overhead_h": cost.restart_overhead_h, "drain_cost_gpu_h": cost.drain_cost_gpu_h,
+        "gpus_per_node": cost.gpus_per_node, "min_lead_h": cfg.min_lead_h,
+        "checkpoint_write_h": cfg.checkpoint_write_h, "jobs": G.job_summary(jobs),
+    }
+    return {
+        "simulated": True,
+        "model": out_model,
+        "baselines": {"reactive_xid": out_rules["reactive_xid"],
+                      "dcgm_thresholds": out_rules["dcgm_thresholds"], "logistic": out_log},
+        "goodput": goodput,
+        "test_period": {"start": str(start), "end": str(end), "node_days": round(node_days, 3),
+                        "failures": len(failures), "horizon_h": cfg.horizon_h},
+        "_curves": {  # for the HTML report; dropped from JSON
+            "model": (s_model.label, s_model.risk), "logistic": (s_log.label, s_log.risk),
+            "lead_times_h": _leads(s_model, failures, cfg, node_days),
+        },
+    }
+
+
+def _leads(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig, node_days: float
+           ) -> list[float]:
+    res = M.choose_threshold(s.ts, s.node, s.risk, failures,
+                             np.timedelta64(int(round(cfg.horizon_h * 3600)), "s"), node_days)
+    return list(res.lead_times_h) if res is not None else []
+
+
+def evaluate_store(store: Any, cfg: EvalConfig | None = None, *,
+                   progress: Progress | None = None) -> dict[str, Any]:
+    """The report for one store: a fresh model on its time split vs the baselines."""
+    cfg = cfg or EvalConfig()
+    say = progress or (lambda _m: None)
+    fleet = load_fleet(store, cfg, say=say)
+    out = _evaluate(fleet, fleet, cfg, say)
+    out["setting"] = "home: trained on this store's train period, tested on its last 25 %"
+    return out
+
+
+def evaluate_cross(train_store: Any, test_store: Any, cfg: EvalConfig | None = None, *,
+                   progress: Progress | None = None) -> dict[str, Any]:
+    """Trained on all of fleet A's time, tested on fleet B's test period."""
+    cfg = cfg or EvalConfig()
+    say = progress or (lambda _m: None)
+    a = load_fleet(train_store, cfg, whole=True, say=say)
+    b = load_fleet(test_store, cfg, say=say)
+    out = _evaluate(a, b, cfg, say)
+    out["setting"] = ("cross-fleet: trained on all of the train store's time (last 20 % "
+                      "calibrates), tested on the test store's last 25 %")
+    return out
+
+
+def public(report: dict[str, Any]) -> dict[str, Any]:
+    """The report without the arrays kept for plotting."""
+    return {k: v for k, v in report.items() if not k.startswith("_")}
+
+
+def summary_keys() -> Sequence[str]:
+    return METHOD_KEYS
