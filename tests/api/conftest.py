@@ -59,10 +59,14 @@ def clock() -> ManualClock:
 
 @pytest.fixture
 def serve_app() -> Iterator[Callable[..., httpx.Client]]:
-    """``serve_app(store, **create_app_kwargs)`` -> an httpx client of a live server."""
+    """``serve_app(store, **create_app_kwargs)`` -> an httpx client of a live server.
+
+    Auth is off unless ``auth=True`` is passed: these fixtures test the data; auth has
+    its own tests (test_auth.py)."""
     running = []
 
     def start(store: Store, **kwargs: Any) -> httpx.Client:
+        kwargs.setdefault("auth", False)
         server, thread = start_server_thread(store, app=create_app(store, **kwargs))
         client = httpx.Client(base_url=f"http://127.0.0.1:{bound_port(server)}", timeout=10)
         running.append((server, thread, client))
@@ -120,3 +124,18 @@ class Fleet:
 @pytest.fixture
 def fleet(store: Store) -> Fleet:
     return Fleet(store)
+
+
+@pytest.fixture
+def tokens(store: Store) -> Callable[..., str]:
+    """``tokens(scope, name=None)`` -> a new bearer token of ``scope`` in ``store``."""
+    from fleetcare.api import auth
+
+    def make(scope: str, name: str | None = None) -> str:
+        cur = store.cursor()
+        try:
+            return auth.create_token(cur, scope, name=name)[0]
+        finally:
+            cur.close()
+
+    return make

@@ -44,7 +44,8 @@ def test_healthz_without_score_tables(tmp_path, serve_app):
 
     with Store(tmp_path / "fresh.duckdb") as bare:
         c = serve_app(bare)
-        assert c.get("/v1/risk").json() == {"nodes": [], "simulated": False, "scored_at": None}
+        assert c.get("/v1/risk").json() == {"nodes": [], "simulated": False, "scored_at": None,
+                                            "total": 0, "next": None}
         assert c.get("/healthz").json()["status"] == "ok"
         assert c.get("/v1/model").status_code == 404
         assert c.get("/metrics").status_code == 200
@@ -65,14 +66,18 @@ def test_risk_ranks_latest_score_per_node(client, fleet):
         "nodes": [
             {"node": "b", "risk": 0.7,
              "reasons": ["XID 79 twice in 24 h", "PCIe link downtrained to x8"],
-             "top_gpu_uuid": "GPU-b0", "scored_at": "2026-03-01T11:55:00Z", "model_id": "m1"},
+             "top_gpu_uuid": "GPU-b0", "scored_at": "2026-03-01T11:55:00Z", "model_id": "m1",
+             "labels": {}},
             {"node": "a", "risk": 0.2, "reasons": ["ECC corrected errors 40x the fleet"],
-             "top_gpu_uuid": "GPU-a3", "scored_at": "2026-03-01T12:00:00Z", "model_id": "m2"},
+             "top_gpu_uuid": "GPU-a3", "scored_at": "2026-03-01T12:00:00Z", "model_id": "m2",
+             "labels": {}},
             {"node": "c", "risk": 0.05, "reasons": [], "top_gpu_uuid": None,
-             "scored_at": "2026-03-01T12:00:00Z", "model_id": "m1"},
+             "scored_at": "2026-03-01T12:00:00Z", "model_id": "m1", "labels": {}},
         ],
         "simulated": False,
         "scored_at": "2026-03-01T12:00:00Z",
+        "total": 3,
+        "next": None,
     }
 
 
@@ -156,7 +161,7 @@ def test_node_detail_has_gpu_scores_and_latest_telemetry(client, fleet, store):
     assert body == {
         "node": "n1", "risk": 0.8, "reasons": ["GPU 1: 12 uncorrectable remapped rows"],
         "top_gpu_uuid": "GPU-1", "scored_at": "2026-03-01T12:00:00Z", "model_id": "m1",
-        "simulated": False,
+        "simulated": False, "labels": {},
         "gpus": [
             {"gpu_uuid": "GPU-0", "gpu_index": 0, "model": "NVIDIA H100 80GB HBM3",
              "risk": 0.02, "reasons": [], "scored_at": "2026-03-01T12:00:00Z",

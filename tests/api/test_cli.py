@@ -112,7 +112,8 @@ def test_serve_answers_over_http(small_db: Path) -> None:
         assert run("train", "--db", str(small_db), "--json").returncode == 0
         assert run("score", "--db", str(small_db)).returncode == 0
     port = _free_port()
-    proc = subprocess.Popen([*FLEETCARE, "serve", "--db", str(small_db), "--port", str(port)],
+    proc = subprocess.Popen([*FLEETCARE, "serve", "--db", str(small_db), "--port", str(port),
+                             "--no-auth"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60

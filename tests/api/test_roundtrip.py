@@ -65,7 +65,7 @@ def _sample_strategy() -> st.SearchStrategy[GpuSample]:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("roundtrip") / "fleet.duckdb")
-    server, thread = start_server_thread(store, app=create_app(store))
+    server, thread = start_server_thread(store, app=create_app(store, auth=False))
     client = httpx.Client(base_url=f"http://127.0.0.1:{bound_port(server)}", timeout=10)
     yield store, client
     client.close()

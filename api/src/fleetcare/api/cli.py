@@ -183,6 +183,17 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
     from fleetcare.api.service import Service
     from fleetcare.pipeline.store import Store
 
+    host = args.host or cfg.host
+    if args.no_auth:
+        from fleetcare.api.auth import is_loopback
+
+        if not is_loopback(host):
+            print(f"fleetcare serve: --no-auth refuses to bind {host}, which is not a "
+                  "loopback address: anyone who can reach it could read the fleet and "
+                  "write incidents. Use --host 127.0.0.1, or drop --no-auth and create "
+                  "tokens with `fleetcare tokens create`", file=sys.stderr)
+            return 2
+        log.warning("serve.no_auth host=%s: the API accepts requests without a token", host)
     store = Store(_existing_db(args.db or cfg.db))
     consumer = None
     if args.bus:
@@ -192,7 +203,8 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
     svc = Service(store, consumer=consumer, score_every_s=parse_duration(args.score_every))
     svc.start()
     try:
-        serve(store, host=args.host or cfg.host, port=args.port or cfg.port, app=create_app(store))
+        serve(store, host=host, port=args.port or cfg.port,
+              app=create_app(store, auth=not args.no_auth))
     finally:
         svc.stop()
         store.close()
@@ -252,6 +264,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=None, help="port (default 8000)")
     v.add_argument("--bus", default=None, help="also ingest from this bus, e.g. embedded://var/bus")
     v.add_argument("--score-every", default="60s", help="rescoring period (default 60s)")
+    v.add_argument("--no-auth", action="store_true",
+                   help="accept requests without a bearer token (loopback addresses only)")
 
     d = sub.add_parser("demo", help="simulate, train, stream live telemetry, serve the API",
                        description="Simulate 64 nodes x 30 days of history, train, then stream "

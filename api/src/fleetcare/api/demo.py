@@ -48,8 +48,13 @@ def _fresh(db: Path) -> Path:
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    from fleetcare.api.auth import is_loopback
     from fleetcare.api.cli import _model_json, _print_top, _progress, _top_risk, _train
 
+    if not args.once and not is_loopback(args.host):  # the demo serves without tokens
+        print(f"fleetcare demo: serves without auth, so it binds loopback only, not "
+              f"{args.host}: use --host 127.0.0.1", file=sys.stderr)
+        return 2
     db = Path(args.db)
     bus_dir = _fresh(db)
     spec = FleetSpec(nodes=args.nodes, seed=args.seed, failure_scale=args.failure_scale)
@@ -122,7 +127,8 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     agent_thread = threading.Thread(target=agent.run, name="fleetcare-agent", daemon=True)
     agent_thread.start()
     svc.start()
-    server, thread = start_server_thread(store, args.host, args.port, app=create_app(store))
+    server, thread = start_server_thread(store, args.host, args.port,
+                                         app=create_app(store, auth=False))
     print(f"[3/4] live: agent -> embedded bus -> ingest -> rescoring every {args.score_every}"
           f" (simulated time at {args.speed:g}x)\n"
           f"[4/4] API and dashboard at http://{args.host}:{args.port}/  "

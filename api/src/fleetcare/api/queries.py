@@ -1,8 +1,12 @@
-"""Read-only SQL behind the API. Every function takes a DuckDB cursor and returns
-plain JSON-ready values (ISO 'Z' timestamps, no NaN), so the HTTP layer stays thin.
+"""The SQL behind the API. Every function takes a DuckDB cursor and returns plain
+JSON-ready values (ISO 'Z' timestamps, no NaN), so the HTTP layer stays thin.
 
 Tables written by other components may not exist yet (a fresh database before the first
 ``fleetcare train``): readers treat a missing table as empty, never as an error.
+
+The API owns one table and writes it: ``node_labels`` (``PUT /v1/nodes/{node}/labels``,
+``set_labels``). Labels are operator configuration, not telemetry: ``partition`` is the
+Slurm partition / Kubernetes node pool that ``GET /v1/risk?partition=`` filters on.
 """
 
 from __future__ import annotations
@@ -28,6 +32,27 @@ SELECT node, CASE WHEN isfinite(risk) THEN risk END AS risk, reasons, top_gpu_uu
 FROM node_scores
 QUALIFY row_number() OVER (PARTITION BY node ORDER BY ts DESC) = 1
 """
+
+
+LABELS_DDL = """
+CREATE TABLE IF NOT EXISTS node_labels (
+  node VARCHAR NOT NULL, key VARCHAR NOT NULL, value VARCHAR NOT NULL,
+  updated_at TIMESTAMP NOT NULL, PRIMARY KEY (node, key)
+);
+"""
+
+ALERT_COLUMNS = ("id", "node", "state", "risk", "started_at", "fired_at", "resolved_at",
+                 "reasons", "top_gpu_uuid", "model_id")
+"""The columns of the alerts engine's ``alerts`` table the API shows (a missing one
+reads as null)."""
+ALERTS_DDL = """
+CREATE TABLE IF NOT EXISTS alerts (
+  id VARCHAR, node VARCHAR, state VARCHAR, risk DOUBLE, started_at TIMESTAMP,
+  resolved_at TIMESTAMP, reasons VARCHAR
+);
+"""
+"""Fallback only, when ``fleetcare.api.alerts`` is not installed: the engine's own DDL
+(``fleetcare.api.alerts.engine.ensure_schema``) is used when it is."""
 
 
 def iso_z(ts: dt.datetime | None) -> str | None:
@@ -123,19 +148,102 @@ def _node_risk(row: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
+def _risk_filter(tables: set[str], *, min_risk: float | None,
+                 labels: list[tuple[str, str]], gpu_model: str | None) -> tuple[str, list[Any]]:
+    """The WHERE clause (and its parameters) over the latest node scores."""
+    conds, params = ["TRUE"], []
+    if min_risk is not None:
+        conds.append("risk >= ?")
+        params.append(min_risk)
+    for key, value in labels:
+        if "node_labels" not in tables:
+            return "FALSE", []
+        conds.append("node IN (SELECT node FROM node_labels WHERE key = ? AND value = ?)")
+        params += [key, value]
+    if gpu_model is not None:
+        if "gpu_scores" not in tables:
+            return "FALSE", []
+        conds.append("node IN (SELECT DISTINCT node FROM gpu_scores "
+                     "WHERE contains(lower(model), lower(?)))")
+        params.append(gpu_model)
+    return " AND ".join(conds), params
+
+
+def risk_page(cur: Cursor, tables: set[str], *, limit: int | None = None, offset: int = 0,
+              min_risk: float | None = None, labels: list[tuple[str, str]] | None = None,
+              gpu_model: str | None = None) -> tuple[list[dict[str, Any]], int]:
+    """One page of the latest node scores, highest risk first (unscorable nodes last),
+    and how many nodes match in all.
+
+    ``labels``: (key, value) pairs the node must all carry; ``gpu_model``: the node has a
+    GPU whose model contains this text (case-insensitive: 'h100' matches 'NVIDIA H100
+    80GB HBM3').
+    """
+    if "node_scores" not in tables:
+        return [], 0
+    where, params = _risk_filter(tables, min_risk=min_risk, labels=labels or [],
+                                 gpu_model=gpu_model)
+    page = "" if limit is None else "LIMIT ? OFFSET ?"
+    rows = cur.execute(
+        f"""SELECT *, count(*) OVER () FROM ({_LATEST_NODE_SCORES})
+        WHERE {where}
+        ORDER BY risk DESC NULLS LAST, node
+        {page}""",
+        params + ([] if limit is None else [limit, offset]),
+    ).fetchall()
+    if rows:
+        total = int(rows[0][-1])
+    elif offset:
+        total = int(_one(cur, f"SELECT count(*) FROM ({_LATEST_NODE_SCORES}) WHERE {where}",
+                         params))
+    else:
+        total = 0
+    nodes = [_node_risk(r[:-1]) for r in rows]
+    attach_labels(cur, tables, nodes)
+    return nodes, total
+
+
 def ranked_nodes(cur: Cursor, tables: set[str], *, limit: int | None = None,
                  min_risk: float | None = None) -> list[dict[str, Any]]:
     """The latest score of each node, highest risk first (unscorable nodes last)."""
-    if "node_scores" not in tables:
-        return []
-    rows = cur.execute(
-        f"""SELECT * FROM ({_LATEST_NODE_SCORES})
-        WHERE ?::DOUBLE IS NULL OR risk >= ?::DOUBLE
-        ORDER BY risk DESC NULLS LAST, node
-        {"" if limit is None else "LIMIT ?"}""",
-        [min_risk, min_risk] + ([] if limit is None else [limit]),
-    ).fetchall()
-    return [_node_risk(r) for r in rows]
+    return risk_page(cur, tables, limit=limit, min_risk=min_risk)[0]
+
+
+# -- labels ------------------------------------------------------------------------------------
+def node_labels(cur: Cursor, tables: set[str], nodes: list[str]) -> dict[str, dict[str, str]]:
+    """{node: {key: value}} for ``nodes`` (nodes without labels are absent)."""
+    if "node_labels" not in tables or not nodes:
+        return {}
+    out: dict[str, dict[str, str]] = {}
+    rows = cur.execute("SELECT node, key, value FROM node_labels "
+                       "WHERE list_contains(?, node) ORDER BY node, key", [nodes]).fetchall()
+    for node, key, value in rows:
+        out.setdefault(node, {})[key] = value
+    return out
+
+
+def attach_labels(cur: Cursor, tables: set[str], rows: list[dict[str, Any]]) -> None:
+    """Set ``row["labels"]`` on each row (a node's label map, {} when it has none)."""
+    found = node_labels(cur, tables, [r["node"] for r in rows])
+    for r in rows:
+        r["labels"] = found.get(r["node"], {})
+
+
+def set_labels(cur: Cursor, node: str, labels: dict[str, str],
+               now: dt.datetime) -> dict[str, str]:
+    """Replace the node's labels with ``labels`` (an empty map removes them all)."""
+    cur.execute(LABELS_DDL)
+    cur.execute("BEGIN TRANSACTION")
+    try:
+        cur.execute("DELETE FROM node_labels WHERE node = ?", [node])
+        if labels:
+            cur.executemany("INSERT INTO node_labels VALUES (?, ?, ?, ?)",
+                            [[node, k, v, now] for k, v in sorted(labels.items())])
+        cur.execute("COMMIT")
+    except BaseException:
+        cur.execute("ROLLBACK")
+        raise
+    return node_labels(cur, {"node_labels"}, [node]).get(node, {})
 
 
 def node_detail(cur: Cursor, tables: set[str], node: str) -> dict[str, Any] | None:
@@ -187,7 +295,74 @@ def node_detail(cur: Cursor, tables: set[str], node: str) -> dict[str, Any] | No
                  "scored_at": None, "model_id": None}
     ordered = sorted(gpus.values(), key=lambda g: (
         g["gpu_index"] is None, g["gpu_index"] or 0, g["gpu_uuid"]))
-    return {**score, "gpus": ordered}
+    labels = node_labels(cur, tables, [node]).get(node, {})
+    return {**score, "labels": labels, "gpus": ordered}
+
+
+def gpu_detail(cur: Cursor, tables: set[str], gpu_uuid: str) -> dict[str, Any] | None:
+    """One GPU: its latest score and latest sample, and its node; None if unknown."""
+    out: dict[str, Any] | None = None
+    if "gpu_scores" in tables:
+        row = cur.execute(
+            """SELECT node, gpu_index, model, CASE WHEN isfinite(risk) THEN risk END,
+                      reasons, ts, model_id
+            FROM gpu_scores WHERE gpu_uuid = ? ORDER BY ts DESC LIMIT 1""", [gpu_uuid],
+        ).fetchone()
+        if row is not None:
+            node, index, model, risk, reasons_raw, ts, model_id = row
+            out = {"gpu_uuid": gpu_uuid, "node": node, "gpu_index": index, "model": model,
+                   "risk": risk, "reasons": reasons(reasons_raw), "scored_at": iso_z(ts),
+                   "model_id": model_id, "telemetry": None}
+    if "telemetry" in tables:
+        cols = ", ".join(SAMPLE_COLUMNS)
+        row = cur.execute(f"SELECT {cols} FROM telemetry WHERE gpu_uuid = ? "
+                          "ORDER BY ts DESC LIMIT 1", [gpu_uuid]).fetchone()
+        if row is not None:
+            sample = finite(dict(zip(SAMPLE_COLUMNS, row, strict=True)))
+            sample["ts"] = iso_z(sample["ts"])
+            if out is None:
+                out = {"gpu_uuid": gpu_uuid, "node": sample["node"],
+                       "gpu_index": sample["gpu_index"], "model": sample["model"],
+                       "risk": None, "reasons": [], "scored_at": None, "model_id": None}
+            out["telemetry"] = sample
+    return out
+
+
+def alerts(cur: Cursor, tables: set[str], *, state: str | None = None,
+           node: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
+    """Alerts, newest first, from the alerts engine's ``alerts`` table.
+
+    Only the columns of ``ALERT_COLUMNS`` are read, so the engine may add its own.
+    """
+    if "alerts" not in tables:
+        return []
+    have = {r[0] for r in cur.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'alerts' "
+        "AND schema_name = current_schema() AND database_name = current_database()"
+    ).fetchall()}
+    cols = [c if c in have else f"NULL AS {c}" for c in ALERT_COLUMNS]
+    conds, params = ["TRUE"], []
+    for col, val in (("state", state), ("node", node)):
+        if val is not None and col in have:
+            conds.append(f"{col} = ?")
+            params.append(val)
+    order = "started_at DESC NULLS LAST, " if "started_at" in have else ""
+    order += "id" if "id" in have else "1"
+    rows = cur.execute(f"SELECT {', '.join(cols)} FROM alerts WHERE {' AND '.join(conds)} "
+                       f"ORDER BY {order} LIMIT ?", params + [limit]).fetchall()
+    out = []
+    for row in rows:
+        a = dict(zip(ALERT_COLUMNS, row, strict=True))
+        out.append({
+            "id": None if a["id"] is None else str(a["id"]),
+            "node": a["node"], "state": a["state"], "risk": finite(a["risk"]),
+            "started_at": iso_z(a["started_at"]), "fired_at": iso_z(a["fired_at"]),
+            "resolved_at": iso_z(a["resolved_at"]),
+            "top_gpu_uuid": a["top_gpu_uuid"], "model_id": a["model_id"],
+            "reasons": reasons(a["reasons"]) if isinstance(a["reasons"], str | None)
+            else [str(r) for r in a["reasons"]],
+        })
+    return out
 
 
 def current_model(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:

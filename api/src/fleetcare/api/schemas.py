@@ -7,13 +7,14 @@ strings ending in ``Z``; numbers are never NaN (a non-finite value is ``null``).
 
 from __future__ import annotations
 
+import datetime as dt
 import typing
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, field_validator
 
-from fleetcare.collectors.contract import GpuSample
+from fleetcare.collectors.contract import CAUSES, GpuSample
 
 IsoTime = str
 """ISO-8601 UTC timestamp ending in 'Z', e.g. ``2026-01-31T12:00:00.250000Z``."""
@@ -55,6 +56,9 @@ class Health(BaseModel):
     )
 
 
+LABELS_DOC = "The node's labels (operator configuration, e.g. partition, rack)."
+
+
 class NodeRisk(BaseModel):
     node: str
     risk: float | None = Field(description=RISK_DOC)
@@ -62,12 +66,16 @@ class NodeRisk(BaseModel):
     top_gpu_uuid: str | None = Field(description="The GPU contributing most to the risk.")
     scored_at: IsoTime = Field(description="When this score was computed.")
     model_id: str | None
+    labels: dict[str, str] = Field(default_factory=dict, description=LABELS_DOC)
 
 
 class RiskList(BaseModel):
     nodes: list[NodeRisk] = Field(description="Latest score per node, highest risk first.")
     simulated: bool = Field(description="True when the data came from the simulator.")
     scored_at: IsoTime | None = Field(description="Newest score in the fleet.")
+    total: int = Field(description="Nodes matching the filters, over all pages.")
+    next: str | None = Field(
+        description="Path and query of the next page (same filters), null on the last.")
 
 
 class GpuDetail(BaseModel):
@@ -90,7 +98,16 @@ class NodeDetail(BaseModel):
     scored_at: IsoTime | None = Field(description="Null when the node was never scored.")
     model_id: str | None
     simulated: bool
+    labels: dict[str, str] = Field(description=LABELS_DOC)
     gpus: list[GpuDetail] = Field(description="Every GPU of the node, by gpu_index.")
+
+
+class GpuInfo(GpuDetail):
+    """One GPU, found by UUID: its score, latest sample and node."""
+
+    node: str
+    model_id: str | None
+    simulated: bool
 
 
 class ModelInfo(BaseModel):
@@ -106,3 +123,131 @@ class ModelInfo(BaseModel):
 
 class ErrorDetail(BaseModel):
     detail: str
+
+
+# -- node labels -----------------------------------------------------------------------------
+LABEL_KEY = r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$"
+LABEL_VALUE = r"^[A-Za-z0-9_.\-/:@+=,]{0,128}$"
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY)]
+LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE)]
+
+
+class NodeLabels(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    labels: dict[LabelKey, LabelValue] = Field(
+        max_length=64,
+        description="The node's complete label set (replaces the old one; {} clears it). "
+        "Keys: letters, digits, '_', '.', '-', '/', at most 63; values at most 128. "
+        "'partition' is what GET /v1/risk?partition= filters on.",
+        examples=[{"partition": "train-a", "rack": "r12"}])
+
+
+class NodeLabelsOut(BaseModel):
+    node: str
+    labels: dict[str, str]
+
+
+# -- incidents -------------------------------------------------------------------------------
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256,
+                                        pattern=r"^[^\x00-\x1f\x7f]+$")]
+Cause = Literal.__getitem__(tuple(CAUSES))  # type: ignore[attr-defined]
+
+
+class IncidentIn(BaseModel):
+    """A failure or repair reported by an operator or a scheduler (the data contract's
+    ``Incident``): the labels the next model learns from."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ts: dt.datetime = Field(description="When it happened: ISO-8601 with a time zone "
+                            "('Z' or an offset), e.g. 2026-03-01T14:05:00Z.")
+    node: Name
+    kind: Literal["failure", "repair", "rma"] = Field(
+        description="'failure' interrupts jobs; 'repair'/'rma' record the fix.")
+    cause: Cause = Field(description="Llama 3 Table 5 cause, e.g. faulty_gpu, gpu_hbm3_memory.")
+    gpu_uuid: Name | None = Field(default=None, description="The GPU to blame, if one is.")
+    mode: Name | None = Field(default=None,
+                              description="hbm, thermal, nvlink, pcie, gsp, sram, none.")
+    xid: int | None = Field(default=None, ge=0, le=65535)
+    note: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    source: Name = Field(default="api", description="Who reports it (default 'api').")
+
+    @field_validator("ts")
+    @classmethod
+    def _aware(cls, value: dt.datetime) -> dt.datetime:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError("ts has no time zone: add 'Z' or an offset, e.g. "
+                             "2026-03-01T14:05:00Z")
+        try:
+            return value.astimezone(dt.UTC)
+        except OverflowError:
+            raise ValueError("ts is out of range once converted to UTC") from None
+
+    @field_validator("note")
+    @classmethod
+    def _printable(cls, value: str | None) -> str | None:
+        if value is not None and "\x00" in value:
+            raise ValueError("note contains a NUL character")
+        return value
+
+
+class IncidentOut(BaseModel):
+    ts: IsoTime
+    node: str
+    kind: str
+    cause: str
+    source: str
+    gpu_uuid: str | None
+    mode: str | None
+    xid: int | None
+    note: str | None
+    created: bool = Field(description="False when the same incident (node, ts, kind, GPU, "
+                          "cause) was already recorded: reporting twice is safe.")
+
+
+# -- drains and alerts -----------------------------------------------------------------------
+class CostModelOut(BaseModel):
+    job_gpus: int
+    checkpoint_interval_h: float
+    restart_overhead_h: float
+    drain_cost_gpu_h: float
+    gpus_per_node: int
+    crash_cost_gpu_h: float = Field(description="N·(Δ/2 + u0): what an unplanned crash costs.")
+    break_even_risk: float = Field(description="Risk above which draining pays.")
+
+
+class DrainCandidate(BaseModel):
+    node: str
+    risk: float = Field(description=RISK_DOC)
+    expected_saving_gpu_h: float = Field(description="risk × crash cost, in GPU-hours.")
+    drain_cost_gpu_h: float
+    net_saving_gpu_h: float = Field(description="expected saving − drain cost (> 0).")
+    reasons: list[str]
+    top_gpu_uuid: str | None
+    scored_at: IsoTime
+    labels: dict[str, str] = Field(description=LABELS_DOC)
+
+
+class DrainCandidates(BaseModel):
+    candidates: list[DrainCandidate] = Field(description="Highest net saving first.")
+    cost_model: CostModelOut
+    simulated: bool
+    scored_at: IsoTime | None
+
+
+class Alert(BaseModel):
+    id: str | None
+    node: str | None
+    state: str | None = Field(description="e.g. firing, resolved (the alerts engine's).")
+    risk: float | None = Field(description="Risk at the last evaluation.")
+    started_at: IsoTime | None = Field(description="When risk first crossed the threshold.")
+    fired_at: IsoTime | None = Field(description="When the alert fired (after N minutes).")
+    resolved_at: IsoTime | None
+    reasons: list[str]
+    top_gpu_uuid: str | None
+    model_id: str | None
+
+
+class AlertList(BaseModel):
+    alerts: list[Alert] = Field(description="Newest first.")
