@@ -1,0 +1,119 @@
+"""The alert rule: risk >= threshold for N minutes fires; risk < resolve_threshold for M
+minutes resolves. A pure state machine over scoring runs, no database, no clock.
+
+One alert per node at a time (deduplicated): its life is
+
+    (none) --risk>=threshold--> pending --still >= threshold for `for_s`--> firing
+    pending --risk < threshold, or node missing from the run--> (dropped: never notified)
+    firing --risk < resolve_threshold for `resolve_for_s`--> resolved
+    firing --risk back >= resolve_threshold--> firing (the resolve clock restarts)
+
+``for_s`` is measured between scoring-run timestamps: with runs every minute and
+``for_s = 300`` an alert fires in the sixth consecutive run at or above the threshold.
+A firing node missing from a run stays firing: a node that stopped reporting may be the
+node that crashed, so silence never resolves an alert.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, replace
+from typing import Literal
+
+State = Literal["pending", "firing", "resolved"]
+Change = Literal["pending", "dropped", "firing", "resolved", "updated", "none"]
+
+
+@dataclass(frozen=True)
+class Score:
+    """One node's row of one scoring run (``node_scores``)."""
+
+    ts: dt.datetime                     # naive UTC, the scoring time
+    node: str
+    risk: float
+    reasons: tuple[str, ...] = ()
+    top_gpu_uuid: str | None = None
+    model_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Alert:
+    """A row of the ``alerts`` table. Times are naive UTC (DuckDB TIMESTAMP)."""
+
+    id: str
+    node: str
+    state: State
+    risk: float
+    started_at: dt.datetime
+    fired_at: dt.datetime | None = None
+    resolved_at: dt.datetime | None = None
+    reasons: tuple[str, ...] = ()
+    updated_at: dt.datetime | None = None
+    resolving_since: dt.datetime | None = None
+    peak_risk: float = 0.0
+    top_gpu_uuid: str | None = None
+    model_id: str | None = None
+
+
+def alert_id(node: str, started_at: dt.datetime) -> str:
+    """Stable and readable: ``gpu017@20260301T120000Z``."""
+    return f"{node}@{started_at:%Y%m%dT%H%M%SZ}"
+
+
+@dataclass(frozen=True)
+class Rule:
+    threshold: float = 0.5
+    for_s: float = 600.0
+    resolve_threshold: float = 0.3
+    resolve_for_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.resolve_threshold <= self.threshold:
+            raise ValueError(f"resolve_threshold {self.resolve_threshold} must be between 0 "
+                             f"and threshold {self.threshold} (hysteresis)")
+        if self.for_s < 0 or self.resolve_for_s < 0:
+            raise ValueError("for_s and resolve_for_s must be >= 0")
+
+    def step(self, alert: Alert | None, score: Score | None,
+             ts: dt.datetime) -> tuple[Alert | None, Change]:
+        """Apply one scoring run (at ``ts``) to a node's open alert (or None).
+
+        ``score`` is the node's row in that run, None when the node is missing from it.
+        Returns the new alert (None: no open alert) and what changed."""
+        if alert is None or alert.state == "resolved":
+            if score is None or score.risk < self.threshold:
+                return None, "none"
+            new = Alert(id=alert_id(score.node, ts), node=score.node, state="pending",
+                        risk=score.risk, started_at=ts, reasons=score.reasons, updated_at=ts,
+                        peak_risk=score.risk, top_gpu_uuid=score.top_gpu_uuid,
+                        model_id=score.model_id)
+            return self._maybe_fire(new, ts)
+        if alert.state == "pending":
+            if score is None or score.risk < self.threshold:
+                return None, "dropped"
+            return self._maybe_fire(self._observe(alert, score, ts), ts)
+        # firing
+        if score is None:
+            return alert, "none"
+        seen = self._observe(alert, score, ts)
+        if score.risk >= self.resolve_threshold:
+            return replace(seen, resolving_since=None), "updated"
+        since = alert.resolving_since or ts
+        seen = replace(seen, resolving_since=since)
+        if (ts - since).total_seconds() >= self.resolve_for_s:
+            return replace(seen, state="resolved", resolved_at=ts), "resolved"
+        return seen, "updated"
+
+    def _observe(self, alert: Alert, score: Score, ts: dt.datetime) -> Alert:
+        # while firing, keep the reasons that made it fire unless risk is still high
+        keep_reasons = alert.state == "firing" and score.risk < self.threshold
+        return replace(alert, risk=score.risk, updated_at=ts,
+                       peak_risk=max(alert.peak_risk, score.risk),
+                       reasons=alert.reasons if keep_reasons else score.reasons,
+                       top_gpu_uuid=score.top_gpu_uuid or alert.top_gpu_uuid,
+                       model_id=score.model_id or alert.model_id)
+
+    def _maybe_fire(self, alert: Alert, ts: dt.datetime) -> tuple[Alert, Change]:
+        if (ts - alert.started_at).total_seconds() >= self.for_s:
+            return replace(alert, state="firing", fired_at=ts), "firing"
+        return alert, "pending" if alert.updated_at == alert.started_at else "updated"
