@@ -65,3 +65,83 @@ def test_ettr_rejects_bad_arguments():
         ettr(1024, 0.001, 0.25, 0.0, 0.1)
     with pytest.raises(GoodputError, match="failures_per_node_h"):
         ettr(1024, -0.001, 0.25, 1.0, 0.1)
+
+
+# -- job-level simulation --------------------------------------------------------------------
+import numpy as np  # noqa: E402
+
+from fleetcare.models import goodput_sim as G  # noqa: E402
+from fleetcare.models.metrics import Failure  # noqa: E402
+
+T0 = np.datetime64("2026-01-01T00:00:00", "us")
+HOUR = np.timedelta64(3600, "s")
+
+
+def one_job(gpus=1024, phase=0.0):
+    return [G.Job(0, gpus, ("node-a",), gpus // 8, phase)]
+
+
+def test_pack_jobs_cycles_sizes_and_cuts_jobs():
+    jobs = G.pack_jobs([f"n{i}" for i in range(6)], (8, 16), seed=0)
+    assert [(j.gpus, j.nodes, j.nodes_needed) for j in jobs] == [
+        (8, ("n0",), 1), (8, ("n2",), 1), (8, ("n4",), 1), (16, ("n1", "n3"), 2), (16, ("n5",), 2)]
+
+
+def test_one_failure_without_a_drain_costs_n_times_work_since_checkpoint_plus_restart():
+    cost = CostModel(job_gpus=1024, checkpoint_interval_h=1.0, restart_overhead_h=0.25)
+    f = [Failure("node-a", T0 + 10 * HOUR + np.timedelta64(30, "m"), "hbm")]
+    r = G.simulate_goodput(f, [], one_job(phase=0.0), cost, T0, T0 + 100 * HOUR,
+                           checkpoint_write_h=0.0)
+    assert r.gpu_hours_lost == 1024 * (0.5 + 0.25) == 768.0
+    assert (r.interruptions, r.interruptions_avoided, r.false_drains) == (1, 0, 0)
+    # ETTR: one node of a 128-node job lost 768 of 1024*100 GPU-h, scaled to 128 nodes
+    assert r.ettr == pytest.approx(1 - 768 * 128 / (1024 * 100))
+
+
+def test_a_drain_with_enough_lead_costs_the_drain_instead():
+    cost = CostModel(job_gpus=1024, drain_cost_gpu_h=24.0)
+    f = [Failure("node-a", T0 + 10 * HOUR, "hbm")]
+    early = [("node-a", T0 + 4 * HOUR)]
+    r = G.simulate_goodput(f, early, one_job(), cost, T0, T0 + 100 * HOUR)
+    assert (r.gpu_hours_lost, r.interruptions_avoided, r.false_drains) == (24.0, 1, 0)
+    late = [("node-a", T0 + 10 * HOUR - np.timedelta64(5, "m"))]  # < 15 min: too late
+    r = G.simulate_goodput(f, late, one_job(), cost, T0, T0 + 100 * HOUR)
+    assert r.interruptions_avoided == 0
+    assert r.gpu_hours_lost == 24.0 + 1024 * 0.25  # the drain, and a crash right at a checkpoint
+
+
+def test_reaction_at_the_failure_saves_nothing_and_is_not_a_false_drain():
+    cost = CostModel()
+    f = [Failure("node-a", T0 + 10 * HOUR, "nvlink")]
+    r = G.simulate_goodput(f, [("node-a", T0 + 10 * HOUR)], one_job(), cost, T0, T0 + 100 * HOUR)
+    no = G.simulate_goodput(f, [], one_job(), cost, T0, T0 + 100 * HOUR)
+    assert r.gpu_hours_lost == no.gpu_hours_lost == 1024 * 0.25
+    assert (r.false_drains, r.drains) == (0, 0)
+
+
+def test_false_drain_costs_the_drain():
+    r = G.simulate_goodput([], [("node-a", T0 + 5 * HOUR)], one_job(), CostModel(), T0,
+                           T0 + 100 * HOUR)
+    assert (r.gpu_hours_lost, r.false_drains) == (24.0, 1)
+
+
+def test_decision_score_is_expected_saving_over_drain_cost():
+    jobs = one_job(gpus=64)
+    s = G.decision_score(np.array(["node-a", "other"], dtype=object), np.array([0.5, 0.5]),
+                         jobs, CostModel(drain_cost_gpu_h=24.0))
+    assert s.tolist() == [0.5 * 64 * 0.75 / 24.0, 0.0]
+
+
+def test_optimal_threshold_picks_the_best_of_a_known_set():
+    cost = CostModel(job_gpus=1024, drain_cost_gpu_h=24.0)
+    ts = np.array([T0 + h * HOUR for h in (2, 5, 30)])
+    node = np.array(["node-a"] * 3, dtype=object)
+    score = np.array([0.5, 3.0, 0.8])  # 5h: a true warning 5 h ahead; 2h and 30h: noise
+    f = [Failure("node-a", T0 + 10 * HOUR, "hbm")]
+    thr, res, lost = G.choose_goodput_threshold(
+        ts, node, score, f, one_job(), cost, T0, T0 + 100 * HOUR,
+        candidates=[0.4, 0.7, 2.0, float("inf")])
+    # 0.4: drains at 2h (avoids the failure, lead 8h) and 30h (false) -> 48
+    # 0.7: drains at 5h (avoids) and 30h (false) -> 48; 2.0: only 5h -> 24; inf: crash 256
+    assert lost == {0.4: 48.0, 0.7: 48.0, 2.0: 24.0, float("inf"): 1024 * 0.25}
+    assert thr == 2.0 and res.interruptions_avoided == 1

@@ -81,17 +81,24 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         raise CliError("--train-db and --test-db go together: give both, or --db alone")
     if args.train_db and args.db:
         raise CliError("--db cannot be combined with --train-db/--test-db")
+    def hours(flag: str, text: str) -> float:
+        try:
+            return parse_duration(text) / 3600
+        except ValueError as exc:
+            raise CliError(f"{flag}: {exc}") from exc
+
     try:
         cost = CostModel(job_gpus=max(_job_sizes(args.job_gpus)),
-                         checkpoint_interval_h=parse_duration(args.checkpoint_interval) / 3600,
-                         restart_overhead_h=parse_duration(args.restart_overhead) / 3600,
+                         checkpoint_interval_h=hours("--checkpoint-interval",
+                                                     args.checkpoint_interval),
+                         restart_overhead_h=hours("--restart-overhead", args.restart_overhead),
                          drain_cost_gpu_h=args.drain_cost)
     except GoodputError as exc:
         flag = {"checkpoint_interval_h": "--checkpoint-interval",
                 "restart_overhead_h": "--restart-overhead",
                 "drain_cost_gpu_h": "--drain-cost"}.get(exc.name, "--job-gpus")
         raise CliError(f"{flag}: {exc}") from exc
-    horizon_h = parse_duration(args.horizon or getattr(cfg, "horizon", "24h")) / 3600
+    horizon_h = hours("--horizon", args.horizon or getattr(cfg, "horizon", "24h"))
     seed = args.seed if args.seed is not None else getattr(cfg, "seed", 0)
     ecfg = E.EvalConfig(horizon_h=horizon_h, seed=seed, cost=cost,
                         job_sizes=_job_sizes(args.job_gpus))
