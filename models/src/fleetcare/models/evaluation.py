@@ -159,7 +159,24 @@ def _method_metrics(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig,
                              np.timedelta64(int(round(cfg.horizon_h * 3600)), "s"), node_days)
     leads = res.lead_times_h if res is not None else []
     out["p10_lead_time_h"] = M.json_float(np.percentile(leads, 10)) if leads else None
+    out["failures_by_mode"] = failures_by_mode(failures)
     return out
+
+
+def failures_by_mode(failures: Sequence[M.Failure]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f in failures:
+        out[f.mode] = out.get(f.mode, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def precursor_recall(metrics: dict[str, Any], counts: dict[str, int]) -> float | None:
+    """Recall at budget over the failures whose mode has precursors (mode != 'none')."""
+    n = sum(c for m, c in counts.items() if m != "none")
+    if not n:
+        return None
+    return sum((metrics["recall_by_mode"].get(m) or 0.0) * c
+               for m, c in counts.items() if m != "none") / n
 
 
 def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
