@@ -44,6 +44,7 @@ from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import StringConstraints
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import dashboard, metrics, queries
@@ -96,6 +97,10 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorDetail, "description": "No bearer token, or not a valid one."},
     403: {"model": ErrorDetail, "description": "The token's scope is too weak."},
 }
+_BODY_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_AUTH_ERRORS,
+    400: {"model": ErrorDetail, "description": "The body could not be read as JSON."},
+}
 _DEFAULT_COST = CostModel()
 
 
@@ -138,11 +143,13 @@ class NodeFilter:
 
     def __init__(
         self,
-        label: Annotated[list[str], Query(
+        label: Annotated[list[Annotated[str, StringConstraints(
+            pattern=r"^[^=]+=", max_length=512)]], Query(
             max_length=16, description="KEY=VALUE the node's labels must contain "
             "(repeat for several, all must match), e.g. label=rack=r12.")] = [],  # noqa: B006
         partition: Annotated[str | None, Query(
-            max_length=256, description="Shorthand for label=partition=VALUE.")] = None,
+            min_length=1, max_length=256,
+            description="Shorthand for label=partition=VALUE.")] = None,
         gpu_model: Annotated[str | None, Query(
             min_length=1, max_length=256, description="Nodes with a GPU of this model: "
             "case-insensitive substring, e.g. H100.")] = None,
@@ -308,7 +315,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
         return {**detail, "simulated": is_simulated(cur, tables)}
 
     @app.put("/v1/nodes/{node}/labels", response_model=NodeLabelsOut, tags=["config"],
-             dependencies=ADMIN, responses=_AUTH_ERRORS)
+             dependencies=ADMIN, responses=_BODY_ERRORS)
     def put_labels(
         node: Annotated[str, Path(min_length=1, max_length=256,
                                   pattern=r"^[^\x00-\x1f\x7f]+$")],
@@ -389,7 +396,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
               tags=["incidents"], dependencies=WRITE,
               responses={200: {"model": IncidentOut,
                                "description": "Already recorded (same natural key)."},
-                         **_AUTH_ERRORS})
+                         **_BODY_ERRORS})
     def report_incident(body: IncidentIn, response: Response) -> Any:
         """Report a failure or a repair (write). Stored as the data contract's Incident:
         the ground truth the next model learns from. Reporting twice is safe."""
@@ -415,9 +422,9 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
              responses=_AUTH_ERRORS)
     def alerts(
         cur: Cur,
-        state: Annotated[str | None, Query(max_length=64,
+        state: Annotated[str | None, Query(min_length=1, max_length=64,
                                            description="e.g. firing, resolved")] = None,
-        node: Annotated[str | None, Query(max_length=256)] = None,
+        node: Annotated[str | None, Query(min_length=1, max_length=256)] = None,
         limit: Annotated[int, Query(ge=1, le=10000)] = 100,
     ) -> Any:
         """Alerts raised by the alerts engine, newest first."""
@@ -450,7 +457,9 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
         return Response(text, media_type=metrics.CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse, tags=["service"], dependencies=READ,
-             responses=_AUTH_ERRORS)
+             responses={code: {"description": r["description"], "content": {
+                 "application/json": {"schema": {"$ref": "#/components/schemas/ErrorDetail"}}}}
+                 for code, r in _AUTH_ERRORS.items()})
     def home(
         cur: Cur,
         limit: Annotated[int, Query(ge=1, le=10000, description="Rows shown.")] = 200,

@@ -140,7 +140,9 @@ class NodeLabels(BaseModel):
         description="The node's complete label set (replaces the old one; {} clears it). "
         "Keys: letters, digits, '_', '.', '-', '/', at most 63; values at most 128. "
         "'partition' is what GET /v1/risk?partition= filters on.",
-        examples=[{"partition": "train-a", "rack": "r12"}])
+        examples=[{"partition": "train-a", "rack": "r12"}],
+        # keys that do not match the key pattern are invalid, as the validation says
+        json_schema_extra={"additionalProperties": False})
 
 
 class NodeLabelsOut(BaseModel):
