@@ -44,7 +44,7 @@ from fastapi import Body, Depends, FastAPI, HTTPException, Path, Query, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
-from pydantic import StringConstraints
+from pydantic import Field
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import dashboard, metrics, queries
@@ -143,8 +143,8 @@ class NodeFilter:
 
     def __init__(
         self,
-        label: Annotated[list[Annotated[str, StringConstraints(
-            pattern=r"^[^=]+=", max_length=512)]], Query(
+        label: Annotated[list[Annotated[str, Field(  # pattern checked by _labels: its message
+            max_length=512, json_schema_extra={"pattern": "^[^=]+="})]], Query(
             max_length=16, description="KEY=VALUE the node's labels must contain "
             "(repeat for several, all must match), e.g. label=rack=r12.")] = [],  # noqa: B006
         partition: Annotated[str | None, Query(
