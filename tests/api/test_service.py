@@ -47,3 +47,38 @@ def test_retention_is_relative_to_the_newest_data_and_hourly(tmp_path: Path) -> 
     clock.sleep(60)
     svc.rescore()  # within the hour: retention does not run again
     assert store.cursor().execute("SELECT count(*) FROM telemetry").fetchone() == (26,)
+
+
+def test_scoring_feeds_the_alert_engine(tmp_path: Path) -> None:
+    """After each scoring run the service evaluates alert rules and delivers the outbox."""
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.calls: list[tuple[str, float]] = []
+            self.outbox = self
+
+        def evaluate(self, now: float) -> None:
+            self.calls.append(("evaluate", now))
+
+        def deliver_due(self, now: float) -> None:
+            self.calls.append(("deliver", now))
+
+    from fleetcare.models import registry
+    from fleetcare.models.model import FailureModel
+    from fleetcare.pipeline import features
+
+    store = Store(tmp_path / "f.duckdb")
+    _fill(store, 30)
+    features.refresh(store)
+    import numpy as np
+
+    cols = [c for c in features.latest_features(store).column_names
+            if c not in features.KEY_COLUMNS]
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(400, len(cols)))
+    y = X[:, 0] > 1.5
+    registry.save(store, FailureModel(n_estimators=5).fit(X, y, feature_names=cols))
+    rec = Recorder()
+    Service(store, keep_raw=None, alerts=rec, wall=lambda: 1234.5).rescore()  # type: ignore[arg-type]
+    assert rec.calls == [("evaluate", 1234.5), ("deliver", 1234.5)]
+    assert store.cursor().execute("SELECT count(*) FROM node_scores").fetchone() == (1,)

@@ -200,7 +200,10 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
         from fleetcare.collectors.transport.embedded import EmbeddedConsumer
 
         consumer = EmbeddedConsumer.from_url(args.bus)
-    svc = Service(store, consumer=consumer, score_every_s=parse_duration(args.score_every))
+    from fleetcare.api.alerts import AlertEngine, load_config
+
+    svc = Service(store, consumer=consumer, score_every_s=parse_duration(args.score_every),
+                  alerts=AlertEngine.from_config(store, load_config(args.config)))
     svc.start()
     try:
         serve(store, host=host, port=args.port or cfg.port,

@@ -119,9 +119,12 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     # the agent ticks every simulated minute: at --speed 60, once a wall second
     agent = Agent([backend], bus, node="demo", interval_s=LIVE_INTERVAL_S, clock=clock)
     agent.sleep = lambda s: agent.wait(clock.wall_seconds(s))
+    from fleetcare.api.alerts import AlertEngine, load_config
+
     svc = Service(store, consumer=EmbeddedConsumer(bus_dir),
                   score_every_s=parse_duration(args.score_every),
-                  validator=Validator(clock=clock))
+                  validator=Validator(clock=clock),
+                  alerts=AlertEngine.from_config(store, load_config(None)))
     svc.on_scored = lambda: (print(f"\n-- top at-risk nodes (simulated), "
                                    f"{dt.datetime.now(dt.UTC):%H:%M:%S} UTC"), _print_top(_top_risk(store, 5)))
     agent_thread = threading.Thread(target=agent.run, name="fleetcare-agent", daemon=True)

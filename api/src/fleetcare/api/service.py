@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fleetcare.api.alerts import AlertEngine
 from fleetcare.collectors.transport import BusConsumer
 from fleetcare.models import registry, scoring
 from fleetcare.pipeline import features, incidents, retention
@@ -35,7 +36,9 @@ class Service:
                  clock: Callable[[], float] = time.monotonic,
                  validator: RecordValidator | None = None,
                  keep_raw: dt.timedelta | None = retention.DEFAULT_KEEP_RAW,
-                 retention_every_s: float = 3600.0) -> None:
+                 retention_every_s: float = 3600.0,
+                 alerts: AlertEngine | None = None,
+                 wall: Callable[[], float] = time.time) -> None:
         self.store = store
         self.ingestor = (Ingestor(store, consumer, validator=validator)
                          if consumer is not None else None)
@@ -47,6 +50,8 @@ class Service:
         self.keep_raw = keep_raw
         self.retention_every_s = retention_every_s
         self._retained_at: float | None = None
+        self.alerts = alerts
+        self.wall = wall
         self.scores = 0
         self.on_scored: Callable[[], None] | None = None
 
@@ -71,6 +76,10 @@ class Service:
         if registry.current(self.store) is not None:
             scoring.score(self.store)
             self.scores += 1
+            if self.alerts is not None:
+                # the rule works on scoring times; the outbox's retries on the wall clock
+                self.alerts.evaluate(self.wall())
+                self.alerts.outbox.deliver_due(self.wall())
             if self.on_scored is not None:
                 self.on_scored()
 
