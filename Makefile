@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench kafka kafka-stop clean
+.PHONY: install demo test test-fast lint bench kafka kafka-stop slurm-stop clean
 
 install: $(STAMP)
 
@@ -17,10 +17,12 @@ $(STAMP): pyproject.toml collectors/pyproject.toml pipeline/pyproject.toml model
 demo: install
 	$(BIN)/fleetcare demo
 
-# The suite talks to real services: a Kafka broker (started here) and a Prometheus
-# server (Debian's package; each test module runs its own instance on loopback).
+# The suite talks to real services: a Kafka broker, a Slurm cluster (slurmctld and
+# four slurmd on this host, Debian's packages) and a Prometheus server (Debian's
+# package; each test module runs its own instance on loopback).
 test: install
 	deploy/kafka/start.sh
+	sh deploy/slurm/start.sh
 	sh deploy/prometheus/install.sh
 	$(BIN)/python -m pytest -q
 
@@ -38,6 +40,9 @@ kafka:
 
 kafka-stop:
 	deploy/kafka/stop.sh
+
+slurm-stop:
+	sh deploy/slurm/stop.sh
 
 clean:
 	rm -rf $(VENV) .pytest_cache var
