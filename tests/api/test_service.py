@@ -49,8 +49,8 @@ def test_retention_is_relative_to_the_newest_data_and_hourly(tmp_path: Path) -> 
     assert store.cursor().execute("SELECT count(*) FROM telemetry").fetchone() == (26,)
 
 
-def test_scoring_feeds_the_alert_engine(tmp_path: Path) -> None:
-    """After each scoring run the service evaluates alert rules and delivers the outbox."""
+def test_scoring_feeds_alerts_and_drains(tmp_path: Path) -> None:
+    """After each scoring run: alert rules, the outbox, then the drain controller."""
 
     class Recorder:
         def __init__(self) -> None:
@@ -62,6 +62,13 @@ def test_scoring_feeds_the_alert_engine(tmp_path: Path) -> None:
 
         def deliver_due(self, now: float) -> None:
             self.calls.append(("deliver", now))
+
+        def run_once(self) -> Recorder:
+            self.calls.append(("drains", 0.0))
+            return self
+
+        def to_json(self) -> dict[str, int]:
+            return {}
 
     from fleetcare.models import registry
     from fleetcare.models.model import FailureModel
@@ -79,6 +86,7 @@ def test_scoring_feeds_the_alert_engine(tmp_path: Path) -> None:
     y = X[:, 0] > 1.5
     registry.save(store, FailureModel(n_estimators=5).fit(X, y, feature_names=cols))
     rec = Recorder()
-    Service(store, keep_raw=None, alerts=rec, wall=lambda: 1234.5).rescore()  # type: ignore[arg-type]
-    assert rec.calls == [("evaluate", 1234.5), ("deliver", 1234.5)]
+    Service(store, keep_raw=None, alerts=rec, drains=rec,  # type: ignore[arg-type]
+            wall=lambda: 1234.5).rescore()
+    assert rec.calls == [("evaluate", 1234.5), ("deliver", 1234.5), ("drains", 0.0)]
     assert store.cursor().execute("SELECT count(*) FROM node_scores").fetchone() == (1,)

@@ -203,7 +203,8 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
     from fleetcare.api.alerts import AlertEngine, load_config
 
     svc = Service(store, consumer=consumer, score_every_s=parse_duration(args.score_every),
-                  alerts=AlertEngine.from_config(store, load_config(args.config)))
+                  alerts=AlertEngine.from_config(store, load_config(args.config)),
+                  drains=_drain_controller(store, args.drain_scheduler, args.drain_execute))
     svc.start()
     try:
         serve(store, host=host, port=args.port or cfg.port,
@@ -212,6 +213,28 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
         svc.stop()
         store.close()
     return 0
+
+
+def _drain_controller(store: Any, scheduler: str, execute: bool) -> Any:
+    """The drain controller the service runs after each scoring (None: no drains)."""
+    if scheduler == "none":
+        if execute:
+            raise CliError("--drain-execute needs --drain-scheduler slurm or kubernetes")
+        return None
+    from fleetcare.api.drains import DrainController
+
+    if scheduler == "slurm":
+        from fleetcare.api.drains.slurm import SlurmDrainer
+
+        drainer: Any = SlurmDrainer()
+    else:
+        from fleetcare.api.drains.kubernetes import KubernetesDrainer
+
+        drainer = KubernetesDrainer()
+    if not execute:
+        log.warning("drains.dry_run scheduler=%s: decisions are audited, nothing is drained "
+                    "(add --drain-execute to act)", scheduler)
+    return DrainController(store, drainer, dry_run=not execute)
 
 
 # -- demo ------------------------------------------------------------------------------------------
@@ -267,6 +290,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=None, help="port (default 8000)")
     v.add_argument("--bus", default=None, help="also ingest from this bus, e.g. embedded://var/bus")
     v.add_argument("--score-every", default="60s", help="rescoring period (default 60s)")
+    v.add_argument("--drain-scheduler", choices=("none", "slurm", "kubernetes"), default="none",
+                   help="after each scoring, decide drains for this scheduler (default none); "
+                        "dry-run unless --drain-execute")
+    v.add_argument("--drain-execute", action="store_true",
+                   help="really drain (scontrol / cordon+taint); default: audit only")
     v.add_argument("--no-auth", action="store_true",
                    help="accept requests without a bearer token (loopback addresses only)")
 

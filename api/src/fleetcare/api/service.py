@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 
 from fleetcare.api.alerts import AlertEngine
+from fleetcare.api.drains import DrainController
 from fleetcare.collectors.transport import BusConsumer
 from fleetcare.models import registry, scoring
 from fleetcare.pipeline import features, incidents, retention
@@ -38,6 +39,7 @@ class Service:
                  keep_raw: dt.timedelta | None = retention.DEFAULT_KEEP_RAW,
                  retention_every_s: float = 3600.0,
                  alerts: AlertEngine | None = None,
+                 drains: DrainController | None = None,
                  wall: Callable[[], float] = time.time) -> None:
         self.store = store
         self.ingestor = (Ingestor(store, consumer, validator=validator)
@@ -51,6 +53,7 @@ class Service:
         self.retention_every_s = retention_every_s
         self._retained_at: float | None = None
         self.alerts = alerts
+        self.drains = drains
         self.wall = wall
         self.scores = 0
         self.on_scored: Callable[[], None] | None = None
@@ -80,6 +83,9 @@ class Service:
                 # the rule works on scoring times; the outbox's retries on the wall clock
                 self.alerts.evaluate(self.wall())
                 self.alerts.outbox.deliver_due(self.wall())
+            if self.drains is not None:
+                report = self.drains.run_once()
+                log.info("service.drains %s", report.to_json())
             if self.on_scored is not None:
                 self.on_scored()
 
