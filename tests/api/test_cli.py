@@ -200,3 +200,20 @@ def test_demo_serves_live_until_interrupted(tmp_path: Path) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_train_promotes_only_a_better_model(small_db: Path) -> None:
+    """A second `fleetcare train` is compared with the current model on its held-out
+    period; stdout keeps the contract's keys, the decision goes to stderr."""
+    import duckdb
+
+    out = run("train", "--db", str(small_db), "--seed", "3", "--json")
+    assert out.returncode == 0, out.stderr
+    new_id = json.loads(out.stdout)["model_id"]
+    assert set(json.loads(out.stdout)) == {"model_id", "metrics"}
+    line = next(x for x in out.stderr.splitlines() if x.startswith("fleetcare train: "))
+    con = duckdb.connect(str(small_db), read_only=True)
+    current = con.execute("SELECT model_id FROM models WHERE is_current").fetchall()
+    con.close()
+    assert len(current) == 1
+    assert (current[0][0] == new_id) == (" beats " in line or "no current model" in line)

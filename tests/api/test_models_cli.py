@@ -42,7 +42,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
             "20", "--interval", "10m", "--db", db)
     assert p.returncode == 0, p.stderr
     first = ok_json("train", "--db", db, "--seed", "0")["model_id"]
-    second = ok_json("train", "--db", db, "--seed", "1")["model_id"]
+    second = ok_json("train", "--db", db, "--seed", "1", "--no-promote")["model_id"]
     assert first != second
     return db, first, second
 
@@ -50,7 +50,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
 def test_list_and_show(fleet: tuple[str, str, str]) -> None:
     db, first, second = fleet
     doc = ok_json("models", "list", "--db", db)
-    assert doc["current"] == first  # training never replaces a current model by itself
+    assert doc["current"] == first  # --no-promote: registered, not compared
     assert [m["model_id"] for m in doc["models"]] == [second, first]  # newest first
     assert [m["is_current"] for m in doc["models"]] == [False, True]
     for m in doc["models"]:

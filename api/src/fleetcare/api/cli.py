@@ -124,13 +124,23 @@ def cmd_train(args: argparse.Namespace, cfg: Settings) -> int:
     horizon_h = parse_duration(args.horizon or cfg.horizon) / 3600
     store = Store(_existing_db(args.db or cfg.db))
     result = _train(store, horizon_h, args.seed if args.seed is not None else cfg.seed)
+    if args.no_promote:
+        why = (f"{result.model_id} registered, not promoted (--no-promote): "
+               f"`fleetcare models promote {result.model_id}` compares it with the current one")
+    else:
+        from fleetcare.models.promotion import consider
+
+        # current only if it beats the current model on its own held-out period
+        why = consider(store, result.model_id).reason
     store.close()
     if args.json:
-        _print_json(_model_json(result))
+        _print_json(_model_json(result))  # the contract's keys; the decision goes to stderr
+        print(f"fleetcare train: {why}", file=sys.stderr)
     else:
         print(f"trained {result.model_id} (horizon {horizon_h:g} h); held-out metrics:")
         for k, v in result.metrics.items():
             print(f"  {k:36s} {v}")
+        print(why)
     return 0
 
 
@@ -277,6 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--db", help="DuckDB file with telemetry and incidents")
     t.add_argument("--horizon", default=None, help="predict failures within this time (default 24h)")
     t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--no-promote", action="store_true",
+                   help="register the model without comparing it with the current one "
+                        "(default: it becomes current only if it beats it on its held-out period)")
     t.add_argument("--json", action="store_true")
 
     sc = sub.add_parser("score", help="score every GPU and node now with the current model")
@@ -374,4 +387,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as `python -m fleetcare.api.cli`: use the imported module's main, so plugins and
+    # this file share one CliError class (as __main__ it would be a second copy)
+    from fleetcare.api.cli import main as _main
+
+    sys.exit(_main())
