@@ -10,8 +10,8 @@ the simulator's columns to Arrow and inserts with the natural-key duplicate chec
 from __future__ import annotations
 
 import argparse
-import itertools
 import datetime as dt
+import itertools
 import tempfile
 from pathlib import Path
 
