@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fleetcare.api.progress import progress_bar
 from fleetcare.collectors.config import ConfigError, load
 from fleetcare.collectors.durations import parse_duration
 
@@ -41,21 +42,6 @@ class Settings:
     horizon: str = "24h"
     seed: int = 0
     log_level: str = "warning"
-
-
-def _progress(desc: str, enabled: bool = True) -> Any:
-    from tqdm import tqdm
-
-    bar = tqdm(total=1, desc=desc, unit="tick", disable=None if enabled else True,
-               file=sys.stderr, dynamic_ncols=True)
-
-    def update(done: int, total: int) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    update.close = bar.close  # type: ignore[attr-defined]
-    return update
 
 
 def _print_json(obj: object) -> None:
@@ -88,7 +74,7 @@ def cmd_simulate(args: argparse.Namespace, cfg: Settings) -> int:
     Path(db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(db)
     end = spec.start + dt.timedelta(days=args.days)
-    progress = _progress("simulate")
+    progress = progress_bar("simulate", unit="tick")
     result = load_history(store, FleetSimulator(spec, plan), spec.start, end,
                           interval_s=parse_duration(args.interval), progress=progress)
     progress.close()

@@ -49,7 +49,8 @@ def _fresh(db: Path) -> Path:
 
 def run_demo(args: argparse.Namespace) -> int:
     from fleetcare.api.auth import is_loopback
-    from fleetcare.api.cli import _model_json, _print_top, _progress, _top_risk, _train
+    from fleetcare.api.cli import _model_json, _print_top, _top_risk, _train
+    from fleetcare.api.progress import progress_bar
 
     if not args.once and not is_loopback(args.host):  # the demo serves without tokens
         print(f"fleetcare demo: serves without auth, so it binds loopback only, not "
@@ -66,7 +67,7 @@ def run_demo(args: argparse.Namespace) -> int:
             f"seed {spec.seed}, failure rates x{spec.failure_scale:g} of Llama 3's")
     _say(args, f"[1/4] {note}: simulating {args.days:g} days of history into {db}")
     t0 = time.monotonic()
-    progress = _progress("history")
+    progress = progress_bar("history", unit="tick")
     loaded = load_history(store, sim, spec.start, hist_end,
                           interval_s=parse_duration(args.history_interval), progress=progress)
     progress.close()

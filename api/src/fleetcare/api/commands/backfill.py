@@ -12,10 +12,10 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
+from fleetcare.api.progress import progress_bar
 from fleetcare.collectors.durations import parse_duration
 
 
@@ -66,21 +66,6 @@ def _parse_time(text: str, *, flag: str, now: dt.datetime) -> dt.datetime:
     return t.replace(tzinfo=dt.UTC) if t.tzinfo is None else t.astimezone(dt.UTC)
 
 
-def _progress(enabled: bool) -> Any:
-    from tqdm import tqdm
-
-    bar = tqdm(total=0, desc="backfill", unit="chunk", disable=None if enabled else True,
-               file=sys.stderr, dynamic_ncols=True)
-
-    def update(done: int, total: int) -> None:
-        bar.total = total
-        bar.n = done
-        bar.refresh()
-
-    update.close = bar.close  # type: ignore[attr-defined]
-    return update
-
-
 def run(args: argparse.Namespace, cfg: Any) -> int:
     from fleetcare.pipeline.backfill import backfill
     from fleetcare.pipeline.store import Store
@@ -92,7 +77,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
     timeout = parse_duration(args.timeout)
     db = args.db or cfg.db
     Path(db).parent.mkdir(parents=True, exist_ok=True)
-    progress = _progress(not args.json)
+    progress = progress_bar("backfill", unit="chunk", enabled=not args.json)
     with Store(db) as store:
         try:
             result = backfill(store, args.prometheus, since, until, step_s=step,
