@@ -43,9 +43,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from fleetcare.collectors.contract import Batch, GpuSample, Incident, XidEvent
+from fleetcare.collectors.contract import Batch
 from fleetcare.pipeline import schema
-from fleetcare.pipeline.store import records_to_arrow
+from fleetcare.pipeline.store import flatten_batches, records_to_arrow
 
 log = logging.getLogger(__name__)
 
@@ -127,13 +127,7 @@ class LakeWriter:
     # -- what the Ingestor calls (same names as Store's) --------------------------------
     def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
         """Buffer decoded batches; returns rows accepted (samples, events, incidents)."""
-        samples: list[GpuSample] = []
-        events: list[XidEvent] = []
-        incidents: list[Incident] = []
-        for b in batches:
-            samples.extend(b.samples)
-            events.extend(b.events)
-            incidents.extend(b.incidents)
+        samples, events, incidents = flatten_batches(batches)
         counts = []
         for name, records in (("telemetry", samples), ("xid_events", events),
                               ("incidents", incidents)):

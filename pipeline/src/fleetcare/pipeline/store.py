@@ -57,6 +57,19 @@ def records_to_arrow(records: Iterable[msgspec.Struct], arrow: pa.Schema) -> pa.
     return pa.table({n: pa.array(cols[n], type=arrow.field(n).type) for n in names})
 
 
+def flatten_batches(
+        batches: Iterable[Batch]) -> tuple[list[GpuSample], list[XidEvent], list[Incident]]:
+    """The samples, events and incidents of many batches, each kind in arrival order."""
+    samples: list[GpuSample] = []
+    events: list[XidEvent] = []
+    incidents: list[Incident] = []
+    for b in batches:
+        samples.extend(b.samples)
+        events.extend(b.events)
+        incidents.extend(b.incidents)
+    return samples, events, incidents
+
+
 def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.Table:
     """Columnar numpy data (the simulator's history chunks) → Arrow, fast path.
 
@@ -193,13 +206,7 @@ class Store:
 
     def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
         """Land decoded batches; returns rows added (samples, events, incidents)."""
-        samples: list[GpuSample] = []
-        events: list[XidEvent] = []
-        incidents: list[Incident] = []
-        for b in batches:
-            samples.extend(b.samples)
-            events.extend(b.events)
-            incidents.extend(b.incidents)
+        samples, events, incidents = flatten_batches(batches)
         return (
             self.insert_sample_records(samples),
             self.insert_events(events),
