@@ -22,8 +22,10 @@ Prints one JSON object. Simulated data.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import sys
 import tempfile
 import time
 from typing import Any
@@ -34,8 +36,10 @@ from fleetcare.pipeline.store import Store
 
 
 def _sim(db: str, nodes: int, days: int, seed: int, scale: float, model: str) -> None:
-    rc = cli(["simulate", "--nodes", str(nodes), "--days", str(days), "--seed", str(seed),
-              "--failure-scale", str(scale), "--interval", "10m", "--model", model, "--db", db])
+    with contextlib.redirect_stdout(sys.stderr):  # stdout carries the one JSON object
+        rc = cli(["simulate", "--nodes", str(nodes), "--days", str(days), "--seed", str(seed),
+                  "--failure-scale", str(scale), "--interval", "10m", "--model", model,
+                  "--db", db])
     if rc != 0:
         raise SystemExit(f"simulate failed for {db}")
 
