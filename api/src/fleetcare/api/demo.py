@@ -126,8 +126,12 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
                   score_every_s=parse_duration(args.score_every),
                   validator=Validator(clock=clock),
                   alerts=AlertEngine.from_config(store, load_config(None)))
-    svc.on_scored = lambda: (print(f"\n-- top at-risk nodes (simulated), "
-                                   f"{dt.datetime.now(dt.UTC):%H:%M:%S} UTC"), _print_top(_top_risk(store, 5)))
+
+    def show_top() -> None:
+        print(f"\n-- top at-risk nodes (simulated), {dt.datetime.now(dt.UTC):%H:%M:%S} UTC")
+        _print_top(_top_risk(store, 5))
+
+    svc.on_scored = show_top
     agent_thread = threading.Thread(target=agent.run, name="fleetcare-agent", daemon=True)
     agent_thread.start()
     svc.start()

@@ -151,7 +151,8 @@ def _node_risk(row: tuple[Any, ...]) -> dict[str, Any]:
 def _risk_filter(tables: set[str], *, min_risk: float | None,
                  labels: list[tuple[str, str]], gpu_model: str | None) -> tuple[str, list[Any]]:
     """The WHERE clause (and its parameters) over the latest node scores."""
-    conds, params = ["TRUE"], []
+    conds: list[str] = ["TRUE"]
+    params: list[Any] = []
     if min_risk is not None:
         conds.append("risk >= ?")
         params.append(min_risk)

@@ -116,8 +116,8 @@ def _strip_prefix(line: str, year: int) -> _Prefix:
         return _Prefix(m.group(4), mono_s=int(m.group(3)) / 1e6)
     m = _DMESG_T.match(line)
     if m:
-        ts = dt.datetime.strptime(" ".join(m.group(1).split()), "%a %b %d %H:%M:%S %Y")
-        return _Prefix(m.group(2), ts=ts)
+        wall = dt.datetime.strptime(" ".join(m.group(1).split()), "%a %b %d %H:%M:%S %Y")
+        return _Prefix(m.group(2), ts=wall)
     m = _DMESG.match(line)
     if m:
         return _Prefix(m.group(2), mono_s=float(m.group(1)))

@@ -207,13 +207,14 @@ class NvmlBackend:
     ) -> None:
         if nvml is None:
             try:
-                import pynvml as nvml  # type: ignore[no-redef]
+                import pynvml
             except ImportError as exc:
                 raise BackendError(
                     "nvml",
                     f"the pynvml module is missing ({exc}): "
                     "pip install 'fleetcare-collectors[nvml]'",
                 ) from exc
+            nvml = pynvml
         self.node = node
         self._nvml: Any = nvml
         self._clock = clock

@@ -102,14 +102,17 @@ def reactive_xid_alarms(ts: Sequence[Any], node: Sequence[str], gpu: Sequence[st
             continue
         x = int(x)
         if x in fatal:
-            out_t.append(t[i]), out_n.append(str(node[i])), out_r.append(f"fatal XID {x}")
+            out_t.append(t[i])
+            out_n.append(str(node[i]))
+            out_r.append(f"fatal XID {x}")
             continue
         cls = catalog.lookup(x).xid_class
         key = (str(gpu[i] if gpu[i] is not None else node[i]), cls)
         seen = [s for s in recent.get(key, []) if t[i] - s < window] + [t[i]]
         recent[key] = seen
         if len(seen) >= repeat_count:
-            out_t.append(t[i]), out_n.append(str(node[i]))
+            out_t.append(t[i])
+            out_n.append(str(node[i]))
             out_r.append(f"{len(seen)} {cls} XIDs within {repeat_window_h:g} h")
     return RuleAlarms("reactive_xid", _us(out_t), np.asarray(out_n, dtype=object),
                       np.asarray(out_r, dtype=object))
@@ -209,8 +212,8 @@ def evaluate_rule(alarms: RuleAlarms, failures: Sequence[M.Failure], horizon_h: 
     for f in failures:
         fails_by_node.setdefault(f.node, []).append(f.ts)
     false_drains = reactions = 0
-    for n, s in res.episodes:
-        fs = fails_by_node.get(n, ())
+    for node, s in res.episodes:
+        fs = fails_by_node.get(node, ())
         if any(s < t <= s + H for t in fs):
             continue
         if any(s - grace <= t <= s for t in fs):
@@ -218,8 +221,8 @@ def evaluate_rule(alarms: RuleAlarms, failures: Sequence[M.Failure], horizon_h: 
         else:
             false_drains += 1
     starts: dict[str, list[np.datetime64]] = {}
-    for n, s in res.episodes:
-        starts.setdefault(n, []).append(s)
+    for node, s in res.episodes:
+        starts.setdefault(node, []).append(s)
     leads, reacted = [], 0
     for f, det in zip(failures, res.detected, strict=True):
         ss = [s for s in starts.get(f.node, ()) if f.ts - H <= s <= f.ts + grace]

@@ -20,7 +20,7 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +35,14 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 METHOD_KEYS = ("pr_auc", "recall_at_budget", "false_drains_per_1000_node_days",
                "median_lead_time_h", "recall_by_mode")
+
+
+class _SimKnobs(TypedDict):
+    """The goodput simulation's keyword arguments the evaluation passes through."""
+
+    horizon_h: float
+    min_lead_h: float
+    checkpoint_write_h: float
 
 
 @dataclass(frozen=True)
@@ -212,8 +220,8 @@ def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
 
     # goodput: threshold on the expected-saving ratio, chosen on the train fleet's cal period
     cost = cfg.cost
-    sim = {"horizon_h": cfg.horizon_h, "min_lead_h": cfg.min_lead_h,
-           "checkpoint_write_h": cfg.checkpoint_write_h}
+    sim: _SimKnobs = {"horizon_h": cfg.horizon_h, "min_lead_h": cfg.min_lead_h,
+                      "checkpoint_write_h": cfg.checkpoint_write_h}
     cal_jobs = G.pack_jobs(sorted(set(T._str(train.table, "node"))), cfg.job_sizes,
                            gpus_per_node=cost.gpus_per_node,
                            checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)

@@ -183,7 +183,8 @@ def candidate_thresholds(score: np.ndarray, *, max_candidates: int = 150) -> lis
     """Quantiles of the scores, the cost model's break-even 1.0, and "never" (inf)."""
     s = np.asarray(score, dtype=np.float64)
     s = s[np.isfinite(s) & (s > 0)]
-    qs = np.unique(np.quantile(s, np.linspace(0.0, 1.0, max_candidates))) if len(s) else []
+    qs: np.ndarray | list[float] = (
+        np.unique(np.quantile(s, np.linspace(0.0, 1.0, max_candidates))) if len(s) else [])
     return sorted({float(q) for q in qs} | {1.0, math.inf})
 
 

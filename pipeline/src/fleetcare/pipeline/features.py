@@ -50,7 +50,7 @@ from fleetcare.pipeline.feature_defs import (
     windowed_sql,
     xid_class,
 )
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import Store, one_row
 
 __all__ = ["FEATURES", "KEY_COLUMNS", "STALE_AFTER", "FeatureDef", "gpu_features",
            "latest_features", "refresh", "render_docs"]
@@ -289,7 +289,7 @@ def _source(cur: duckdb.DuckDBPyConnection, until: dt.datetime, *, exact: bool) 
     if mark is not None:
         lo = rollup.hour_floor(min(mark, until))
     else:
-        oldest = cur.execute("SELECT min(ts) FROM telemetry").fetchone()[0]
+        oldest = one_row(cur.execute("SELECT min(ts) FROM telemetry"))[0]
         lo = rollup.hour_floor(min(oldest or until, until))
         log.warning("features.no_rollup until=%s: rolling up all telemetry on the fly; "
                     "call features.refresh(store) after ingest", until)
@@ -352,7 +352,7 @@ def latest_features(store: Store, at: dt.datetime | None = None) -> pa.Table:
     cur = store.cursor()
     try:
         if at is None:
-            newest = cur.execute("SELECT max(ts) FROM telemetry").fetchone()[0]
+            newest = one_row(cur.execute("SELECT max(ts) FROM telemetry"))[0]
             if newest is None:
                 newest = dt.datetime(1970, 1, 1)
             at_n = newest

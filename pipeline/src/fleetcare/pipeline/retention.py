@@ -19,7 +19,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from fleetcare.pipeline import rollup
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import Store, one_row
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,12 @@ def apply(store: Store, keep_raw: dt.timedelta = DEFAULT_KEEP_RAW, *,
                 cutoff, held = rollup.hour_floor(mark), "rollup"
             if dirty is not None and rollup.hour_floor(dirty) < cutoff:  # type: ignore[operator]
                 cutoff, held = rollup.hour_floor(dirty), "late-data"
-        total = cur.execute("SELECT count(*) FROM telemetry").fetchone()[0]
+        total = one_row(cur.execute("SELECT count(*) FROM telemetry"))[0]
         if cutoff is None:
             n = 0
         else:
-            n = cur.execute("SELECT count(*) FROM telemetry WHERE ts < ?",
-                            [cutoff]).fetchone()[0]
+            n = one_row(cur.execute("SELECT count(*) FROM telemetry WHERE ts < ?",
+                                    [cutoff]))[0]
         if n and not dry_run:
             with store.transaction() as tx:
                 tx.execute("DELETE FROM telemetry WHERE ts < ?", [cutoff]).fetchall()

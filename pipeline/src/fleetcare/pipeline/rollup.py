@@ -46,7 +46,7 @@ import logging
 
 import duckdb
 
-from fleetcare.pipeline.store import DIRTY_SINCE_KEY, Store
+from fleetcare.pipeline.store import DIRTY_SINCE_KEY, Store, one_row
 
 log = logging.getLogger(__name__)
 
@@ -237,7 +237,7 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
     try:
         ensure_tables(cur)
         if until is None:
-            newest = cur.execute("SELECT max(ts) FROM telemetry").fetchone()[0]
+            newest = one_row(cur.execute("SELECT max(ts) FROM telemetry"))[0]
             if newest is None:
                 return
             hi = newest
@@ -245,7 +245,7 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
             hi = _ts(until)
         mark = None if full else watermark(cur)
         if mark is None:
-            oldest = cur.execute("SELECT min(ts) FROM telemetry").fetchone()[0]
+            oldest = one_row(cur.execute("SELECT min(ts) FROM telemetry"))[0]
             if oldest is None:
                 return
             lo = hour_floor(min(oldest, hi))

@@ -41,6 +41,15 @@ class StoreError(Exception):
         self.path = path
 
 
+def one_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
+    """The row of an executed statement that always returns exactly one: an aggregate
+    without GROUP BY (``count(*)``, ``min``/``max``, even over an empty table) or an
+    INSERT (DuckDB returns its row count)."""
+    row = result.fetchone()
+    assert row is not None, "a statement that always returns one row returned none"
+    return row
+
+
 def _naive_utc(ts: dt.datetime) -> dt.datetime:
     return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
 
@@ -146,21 +155,21 @@ class Store:
             cur = self.cursor()
             cur.register("incoming", data)
             try:
-                lo, hi = cur.execute("SELECT min(ts), max(ts) FROM incoming").fetchone()
+                lo, hi = one_row(cur.execute("SELECT min(ts), max(ts) FROM incoming"))
                 keys = ", ".join(key)
-                dups = cur.execute(
+                dups = one_row(cur.execute(
                     f"SELECT count(*) FROM (SELECT {keys} FROM incoming GROUP BY ALL "
                     "HAVING count(*) > 1)"
-                ).fetchone()[0]
+                ))[0]
                 # DISTINCT ON is costly on wide rows: only pay for it when needed.
                 distinct = f"DISTINCT ON ({keys})" if dups else ""
-                added = cur.execute(
+                added = one_row(cur.execute(
                     f"""INSERT INTO {table}
                     SELECT {distinct} n.* FROM incoming n
                     WHERE NOT EXISTS (SELECT 1 FROM {table} t
                                       WHERE t.ts BETWEEN ? AND ? AND {cond})""",
                     [lo, hi],
-                ).fetchone()[0]
+                ))[0]
             finally:
                 cur.unregister("incoming")
                 cur.close()

@@ -77,7 +77,7 @@ def add_parser(subparsers: Any) -> None:
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
     from fleetcare.api.cli import CliError, _existing_db, _print_json
-    from fleetcare.pipeline.store import Store, StoreError
+    from fleetcare.pipeline.store import Store, StoreError, one_row
 
     if getattr(args, "limit", 1) < 0:
         raise CliError(f"--limit {args.limit} must be >= 0")
@@ -115,8 +115,9 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
                 rows = cur.execute(f"{base} ORDER BY received_at DESC, source DESC LIMIT ?",
                                    [*params, args.limit]).fetchall()
             else:
-                span = cur.execute(f"SELECT min(received_at), max(received_at) FROM ({base})",
-                                   params).fetchone()
+                lo, hi = one_row(cur.execute(
+                    f"SELECT min(received_at), max(received_at) FROM ({base})", params))
+                span = (lo, hi)
         cur.close()
     finally:
         store.close()

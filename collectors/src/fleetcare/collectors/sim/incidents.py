@@ -170,11 +170,11 @@ def simulate_incidents(spec: FleetSpec, days: float) -> IncidentPlan:
     ])
     xid = np.full(m, -1, dtype=np.int16)
     for name, table in (*TERMINAL_XID.items(), ("none", FAULTY_NONE_XID)):
-        sel = np.array([x == name for x in mode_names], dtype=bool)
+        mask = np.array([x == name for x in mode_names], dtype=bool)
         if name == "none":
-            sel &= np.array([c == "faulty_gpu" for c in cause_names], dtype=bool)
-        if sel.any():
-            xid[sel] = _pick(rng, table, int(sel.sum()))
+            mask &= np.array([c == "faulty_gpu" for c in cause_names], dtype=bool)
+        if mask.any():
+            xid[mask] = _pick(rng, table, int(mask.sum()))
     replaced = np.array([REPAIR[c][1] for c in cause_names], dtype=bool) & (gpu >= 0)
     keep = time_h < days * 24.0
     by_time = np.argsort(time_h[keep], kind="stable")

@@ -75,13 +75,14 @@ class BusConsumer(Protocol):
 def split_batch(batch: Batch) -> list[tuple[str, Batch]]:
     """The per-topic parts of a batch: samples to telemetry, events+incidents to events."""
     parts: list[tuple[str, Batch]] = []
-    common = dict(schema_version=batch.schema_version, node=batch.node, seq=batch.seq,
-                  sent_at=batch.sent_at)
     if batch.samples:
-        parts.append((TELEMETRY_TOPIC, Batch(**common, samples=batch.samples)))
+        parts.append((TELEMETRY_TOPIC, Batch(
+            schema_version=batch.schema_version, node=batch.node, seq=batch.seq,
+            sent_at=batch.sent_at, samples=batch.samples)))
     if batch.events or batch.incidents:
-        parts.append((EVENTS_TOPIC, Batch(**common, events=batch.events,
-                                          incidents=batch.incidents)))
+        parts.append((EVENTS_TOPIC, Batch(
+            schema_version=batch.schema_version, node=batch.node, seq=batch.seq,
+            sent_at=batch.sent_at, events=batch.events, incidents=batch.incidents)))
     return parts
 
 from fleetcare.collectors.transport.factory import open_bus as open_bus  # noqa: E402  (needs the names above)
