@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint bench kafka kafka-stop slurm-stop clean
+.PHONY: install demo test test-fast lint typecheck bench kafka kafka-stop slurm-stop clean
 
 install: $(STAMP)
 
@@ -31,6 +31,9 @@ test-fast: install
 
 lint: install
 	$(BIN)/ruff check collectors pipeline models api tests bench
+
+typecheck: install
+	$(BIN)/mypy -p fleetcare.collectors -p fleetcare.pipeline -p fleetcare.models -p fleetcare.api
 
 bench: install
 	$(BIN)/python bench/run_all.py
