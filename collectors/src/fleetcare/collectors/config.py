@@ -64,6 +64,25 @@ def _convert(key: str, raw: object, tp: Any) -> object:
     return raw
 
 
+def read_section(section: str, *, path: str | Path | None = None,
+                 env: Mapping[str, str] | None = None) -> Mapping[str, Any]:
+    """The ``[section]`` table of the TOML file at ``path`` (or ``$FLEETCARE_CONFIG``);
+    empty when no file is named. A named file that is missing or not TOML is an error."""
+    env = os.environ if env is None else env
+    path = path or env.get(CONFIG_ENV)
+    if not path:
+        return {}
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError("config file", str(p), "does not exist (set FLEETCARE_CONFIG "
+                          "or --config to an existing TOML file)")
+    try:
+        table: Mapping[str, Any] = tomllib.loads(p.read_text()).get(section, {})
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("config file", str(p), f"is not valid TOML: {exc}") from exc
+    return table
+
+
 def load(cls: type[T], *, section: str, path: str | Path | None = None,
          env: Mapping[str, str] | None = None, overrides: Mapping[str, object] | None = None) -> T:
     """Build ``cls`` from defaults, then the TOML ``[section]``, then the environment,
@@ -72,21 +91,11 @@ def load(cls: type[T], *, section: str, path: str | Path | None = None,
     hints = get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
     values: dict[str, object] = {}
-    path = path or env.get(CONFIG_ENV)
-    if path:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("config file", str(p), "does not exist (set FLEETCARE_CONFIG "
-                              "or --config to an existing TOML file)")
-        try:
-            table = tomllib.loads(p.read_text()).get(section, {})
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("config file", str(p), f"is not valid TOML: {exc}") from exc
-        for key, raw in table.items():
-            if key not in names:
-                raise ConfigError(f"[{section}] {key}", raw,
-                                  f"unknown key; known keys: {', '.join(sorted(names))}")
-            values[key] = _convert(f"[{section}] {key}", raw, hints[key])
+    for key, raw in read_section(section, path=path, env=env).items():
+        if key not in names:
+            raise ConfigError(f"[{section}] {key}", raw,
+                              f"unknown key; known keys: {', '.join(sorted(names))}")
+        values[key] = _convert(f"[{section}] {key}", raw, hints[key])
     for name in names:
         var = f"{ENV_PREFIX}{section.upper()}_{name.upper()}"
         if var in env:

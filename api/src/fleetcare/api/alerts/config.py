@@ -30,14 +30,13 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from fleetcare.collectors.config import CONFIG_ENV, ConfigError
+from fleetcare.collectors.config import ConfigError, read_section
 from fleetcare.collectors.durations import parse_duration
 
 KINDS = ("alertmanager", "slack", "pagerduty", "hmac")
@@ -267,15 +266,5 @@ def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -
     """Read ``[alerts]`` from the TOML file (``path`` or ``$FLEETCARE_CONFIG``; none: defaults,
     no sinks) and the environment."""
     env = os.environ if env is None else env
-    path = path or env.get(CONFIG_ENV)
-    table: Mapping[str, Any] = {}
-    if path:
-        p = Path(path)
-        if not p.exists():
-            raise ConfigError("config file", str(p), "does not exist (set FLEETCARE_CONFIG "
-                              "or --config to an existing TOML file)")
-        try:
-            table = tomllib.loads(p.read_text()).get("alerts", {})
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError("config file", str(p), f"is not valid TOML: {exc}") from exc
+    table = read_section("alerts", path=path, env=env)
     return parse(table, env)
