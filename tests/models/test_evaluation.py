@@ -62,3 +62,15 @@ def test_goodput_is_consistent(report):
     # the threshold was chosen on calibration: at least as good there as never draining
     assert g["fleetcare"]["threshold_kind"].startswith("expected saving")
     assert E.public(report).keys() == report.keys() - {"_curves"}
+
+
+def test_the_test_period_runs_to_the_end_of_the_data(report):
+    """Alarms use every test row up to the last telemetry, not only rows with a known
+    label: a failure in the last H of the data can be seen coming."""
+    tp = report["test_period"]
+    assert (tp["horizon_h"], tp["window_h"]) == (24.0, 72.0)
+    assert report["model"]["window_h"] == 72.0
+    end = np.datetime64(tp["end"])
+    last_ts = report["_curves"]["alarm_rows_end"]
+    assert last_ts + np.timedelta64(3600, "s") == end
+    assert report["_curves"]["labeled_rows_end"] + np.timedelta64(24, "h") <= end

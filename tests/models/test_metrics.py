@@ -114,3 +114,35 @@ def test_expected_calibration_error():
     assert M.expected_calibration_error(np.zeros(4), np.full(4, 0.1)) == 0.1
     assert M.expected_calibration_error(np.zeros(0), np.zeros(0)) is None
     assert M.json_float(float("nan")) is None and M.json_float(np.float64(2)) == 2.0
+
+
+def test_an_early_alarm_within_the_window_is_a_detection_not_a_false_drain():
+    """A GPU whose errors ramp for two days: an alarm 40 h ahead is right under W = 72 h."""
+    hours = np.arange(120)
+    ts = T0 + hours * HOUR
+    node = np.array(["A"] * 120, dtype=object)
+    score = np.zeros(120)
+    score[60:100] = 0.9  # from 40 h before the failure at h100
+    failures = [M.Failure("A", T0 + 100 * HOUR, "hbm")]
+    strict = M.evaluate_alarms(ts, node, score, failures, 0.8, H)  # judged over 24 h
+    assert (strict.false_drains, strict.lead_times_h) == (1, [15.0])
+    wide = M.evaluate_alarms(ts, node, score, failures, 0.8, 72 * HOUR)
+    assert (wide.false_drains, wide.detected, wide.lead_times_h) == (0, [True], [40.0])
+    m = M.node_metrics(ts, node, score, score > 0.5, failures, 72.0, 5.0,
+                       false_drain_budget=0.0)
+    assert (m["recall_at_budget"], m["median_lead_time_h"], m["window_h"]) == (1.0, 40.0, 72.0)
+
+
+def test_pr_auc_uses_only_labeled_rows():
+    ts, node, score, failures = _timeline()
+    label = np.zeros(len(ts), dtype=bool)
+    label[[100, 110]] = True
+    labeled = np.ones(len(ts), dtype=bool)
+    all_rows = M.node_metrics(ts, node, score, label, failures, 24.0, 20.0,
+                              false_drain_budget=100.0)
+    labeled[[130]] = False  # the unlabeled false alarm no longer lowers PR-AUC
+    known = M.node_metrics(ts, node, score, label, failures, 24.0, 20.0, labeled=labeled,
+                           false_drain_budget=100.0)
+    assert all_rows["pr_auc"] < 1.0
+    assert known["pr_auc"] == 1.0
+    assert known["false_drains"] == all_rows["false_drains"] == 2  # alarms use every row

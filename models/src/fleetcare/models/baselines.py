@@ -2,7 +2,7 @@
 
 Each baseline yields per-node alarms (``RuleAlarms``: node, time, reason) or, for the
 logistic regression, a per-GPU score that ``metrics.node_risk`` turns into node risk.
-Alarms become episodes with ``metrics.alarm_episodes`` (drain the node for H) and are
+Alarms become episodes with ``metrics.alarm_episodes`` (drain the node for the warning window W) and are
 scored with ``metrics.evaluate_alarms`` like the model (``evaluate_rule``).
 
 Reactive XID rules (``reactive_xid_alarms``), as NVSentinel's syslog health monitor

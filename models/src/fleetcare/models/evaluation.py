@@ -48,6 +48,7 @@ class _SimKnobs(TypedDict):
 @dataclass(frozen=True)
 class EvalConfig:
     horizon_h: float = 24.0
+    window_h: float = M.WINDOW_H
     seed: int = 0
     every_s: int = 3600
     cost: CostModel = field(default_factory=CostModel)
@@ -66,7 +67,9 @@ class Fleet:
     ts: np.ndarray
     train_m: np.ndarray
     cal_m: np.ndarray
-    test_m: np.ndarray
+    test_m: np.ndarray  # test rows whose label is known (PR-AUC, calibration)
+    alarm_m: np.ndarray  # every test row (alarms need no label)
+    cal_alarm_m: np.ndarray  # every calibration row
 
 
 def _np(t: dt.datetime) -> np.datetime64:
@@ -97,11 +100,14 @@ def load_fleet(store: Any, cfg: EvalConfig, *, cal_start_frac: float | None = No
                        _np(splits.end))
     return Fleet(store, table, splits, hi, ts,
                  (ts >= b0) & (ts + H <= b1), (ts >= b1) & (ts + H <= b2),
-                 (ts >= b2) & (ts + H <= _np(hi)) & (ts <= end))
+                 (ts >= b2) & (ts + H <= _np(hi)) & (ts <= end),
+                 (ts >= b2) & (ts <= end), (ts >= b1) & (ts < b2))
 
 
-def failures_of(table: pa.Table, mask: np.ndarray) -> list[M.Failure]:
-    """Distinct (node, failure time) the rows in ``mask`` look ahead to, with their mode."""
+def failures_of(table: pa.Table, mask: np.ndarray, *, before: np.datetime64 | None = None
+                ) -> list[M.Failure]:
+    """Distinct (node, failure time) the rows in ``mask`` look ahead to, with their mode
+    (only failures before ``before`` when given)."""
     nl = T._bool(table, "node_label") & mask
     idx = np.flatnonzero(nl)
     if not len(idx):
@@ -111,7 +117,7 @@ def failures_of(table: pa.Table, mask: np.ndarray) -> list[M.Failure]:
     modes = T._str(table, "failure_mode")[idx]
     seen: dict[tuple[str, np.datetime64], str] = {}
     for n, f, m in zip(nodes, fts, modes, strict=True):
-        if not np.isnat(f):
+        if not np.isnat(f) and (before is None or f < before):
             seen.setdefault((str(n), f), str(m) if m else "unknown")
     return [M.Failure(n, f, m) for (n, f), m in sorted(seen.items())]
 
@@ -122,18 +128,28 @@ class NodeScores:
     node: np.ndarray
     risk: np.ndarray
     label: np.ndarray
+    known: np.ndarray
 
 
-def node_scores(table: pa.Table, mask: np.ndarray, p: np.ndarray) -> NodeScores:
+def node_scores(table: pa.Table, mask: np.ndarray, p: np.ndarray,
+                labeled: np.ndarray | None = None) -> NodeScores:
+    """Node risk per (ts, node) of the rows in ``mask``; ``known`` marks the node rows whose
+    label is known (all of ``labeled & mask``'s GPU rows; default: all)."""
     sub = table.filter(pa.array(mask))
+    kmask = (np.ones(int(mask.sum()), dtype=bool) if labeled is None
+             else np.asarray(labeled, dtype=bool)[mask])
     ts, node = T.ts_column(sub), T._str(sub, "node")
     nts, nnode, risk = M.node_risk(ts, node, p)
     nl = T._bool(sub, "node_label")
     lab: dict[tuple[Any, str], bool] = {}
-    for t, n, v in zip(ts, node, nl, strict=True):
+    kn: dict[tuple[Any, str], bool] = {}
+    for t, n, v, k in zip(ts, node, nl, kmask, strict=True):
         lab[(t, str(n))] = lab.get((t, str(n)), False) or bool(v)
-    label = np.array([lab[(t, str(n))] for t, n in zip(nts, nnode, strict=True)], dtype=bool)
-    return NodeScores(nts, nnode, risk, label)
+        kn[(t, str(n))] = bool(k)
+    keys = list(zip(nts, (str(n) for n in nnode), strict=True))
+    label = np.array([lab[k] for k in keys], dtype=bool)
+    known = np.array([kn[k] for k in keys], dtype=bool)
+    return NodeScores(nts, nnode, risk, label, known)
 
 
 def _fit_model(fleet: Fleet, cfg: EvalConfig) -> Any:
@@ -162,9 +178,10 @@ def _period(fleet: Fleet, mask: np.ndarray, every_s: int) -> tuple[np.datetime64
 
 def _method_metrics(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig,
                     node_days: float) -> dict[str, Any]:
-    out = M.node_metrics(s.ts, s.node, s.risk, s.label, failures, cfg.horizon_h, node_days)
+    out = M.node_metrics(s.ts, s.node, s.risk, s.label, failures, cfg.window_h, node_days,
+                         labeled=s.known)
     res = M.choose_threshold(s.ts, s.node, s.risk, failures,
-                             np.timedelta64(int(round(cfg.horizon_h * 3600)), "s"), node_days)
+                             np.timedelta64(int(round(cfg.window_h * 3600)), "s"), node_days)
     leads = res.lead_times_h if res is not None else []
     out["p10_lead_time_h"] = M.json_float(np.percentile(leads, 10)) if leads else None
     out["failures_by_mode"] = failures_by_mode(failures)
@@ -197,50 +214,52 @@ def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
     say("fitting the logistic baseline")
     logit = B.LogisticBaseline(seed=cfg.seed).fit(train.table.filter(pa.array(train.train_m)),
                                                    y_tr[train.train_m], feature_names=names)
-    failures = failures_of(test.table, test.test_m)
-    p = _predict(model, test.table, test.test_m)
-    s_model = node_scores(test.table, test.test_m, p)
+    failures = failures_of(test.table, test.alarm_m)
+    p = _predict(model, test.table, test.alarm_m)
+    s_model = node_scores(test.table, test.alarm_m, p, test.test_m)
     node_days = len(s_model.ts) * cfg.every_s / 86400.0
+    known = test.test_m[test.alarm_m]
     y_te = T._bool(test.table, "label")[test.test_m]
-    say(f"scoring {int(test.test_m.sum())} test rows, {len(failures)} failures")
+    say(f"scoring {int(test.alarm_m.sum())} test rows, {len(failures)} failures")
     out_model = _method_metrics(s_model, failures, cfg, node_days)
-    out_model["ece"] = M.expected_calibration_error(y_te, p)
-    out_model["gpu_pr_auc"] = M.average_precision(y_te, p)
-    p_log = logit.predict_proba(test.table.filter(pa.array(test.test_m)))[:, 1]
-    s_log = node_scores(test.table, test.test_m, p_log)
+    out_model["ece"] = M.expected_calibration_error(y_te, p[known])
+    out_model["gpu_pr_auc"] = M.average_precision(y_te, p[known])
+    p_log = logit.predict_proba(test.table.filter(pa.array(test.alarm_m)))[:, 1]
+    s_log = node_scores(test.table, test.alarm_m, p_log, test.test_m)
     out_log = _method_metrics(s_log, failures, cfg, node_days)
 
-    start, end = _period(test, test.test_m, cfg.every_s)
+    start, end = _period(test, test.alarm_m, cfg.every_s)
     t0 = start.astype(dt.datetime).replace(tzinfo=dt.UTC)
     t1 = end.astype(dt.datetime).replace(tzinfo=dt.UTC)
     reactive = B.reactive_xid_from_store(test.store, t0, t1)
     dcgm = B.dcgm_alarms(test.store, t0, t1)
-    out_rules = {r.name: B.evaluate_rule(r, failures, cfg.horizon_h, node_days)
+    out_rules = {r.name: B.evaluate_rule(r, failures, cfg.window_h, node_days)
                  for r in (reactive, dcgm)}
 
     # goodput: threshold on the expected-saving ratio, chosen on the train fleet's cal period
     cost = cfg.cost
-    sim: _SimKnobs = {"horizon_h": cfg.horizon_h, "min_lead_h": cfg.min_lead_h,
+    sim: _SimKnobs = {"horizon_h": cfg.window_h, "min_lead_h": cfg.min_lead_h,
                       "checkpoint_write_h": cfg.checkpoint_write_h}
     cal_jobs = G.pack_jobs(sorted(set(T._str(train.table, "node"))), cfg.job_sizes,
                            gpus_per_node=cost.gpus_per_node,
                            checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
-    s_cal = node_scores(train.table, train.cal_m, _predict(model, train.table, train.cal_m))
-    c0, c1 = _period(train, train.cal_m, cfg.every_s)
+    s_cal = node_scores(train.table, train.cal_alarm_m,
+                        _predict(model, train.table, train.cal_alarm_m))
+    c0, c1 = _period(train, train.cal_alarm_m, cfg.every_s)
     thr, cal_res, _ = G.choose_goodput_threshold(
         s_cal.ts, s_cal.node, G.decision_score(s_cal.node, s_cal.risk, cal_jobs, cost),
-        failures_of(train.table, train.cal_m), cal_jobs, cost, c0, c1, **sim)
+        failures_of(train.table, train.cal_alarm_m, before=c1), cal_jobs, cost, c0, c1, **sim)
     jobs = G.pack_jobs(sorted(set(T._str(test.table, "node"))), cfg.job_sizes,
                        gpus_per_node=cost.gpus_per_node,
                        checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
-    H = np.timedelta64(int(round(cfg.horizon_h * 3600)), "s")
+    W = np.timedelta64(int(round(cfg.window_h * 3600)), "s")
     score = G.decision_score(s_model.node, s_model.risk, jobs, cost)
-    fc_eps = M.alarm_episodes(s_model.ts, s_model.node, score, thr, H) if np.isfinite(thr) else []
+    fc_eps = M.alarm_episodes(s_model.ts, s_model.node, score, thr, W) if np.isfinite(thr) else []
     runs = {
         "no_action": G.simulate_goodput(failures, [], jobs, cost, start, end, **sim),
-        "reactive_xid": G.simulate_goodput(failures, reactive.episodes(cfg.horizon_h), jobs,
+        "reactive_xid": G.simulate_goodput(failures, reactive.episodes(cfg.window_h), jobs,
                                            cost, start, end, **sim),
-        "dcgm_thresholds": G.simulate_goodput(failures, dcgm.episodes(cfg.horizon_h), jobs,
+        "dcgm_thresholds": G.simulate_goodput(failures, dcgm.episodes(cfg.window_h), jobs,
                                               cost, start, end, **sim),
         "fleetcare": G.simulate_goodput(failures, fc_eps, jobs, cost, start, end, **sim),
     }
@@ -268,10 +287,15 @@ def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
                       "dcgm_thresholds": out_rules["dcgm_thresholds"], "logistic": out_log},
         "goodput": goodput,
         "test_period": {"start": str(start), "end": str(end), "node_days": round(node_days, 3),
-                        "failures": len(failures), "horizon_h": cfg.horizon_h},
+                        "failures": len(failures), "horizon_h": cfg.horizon_h,
+                        "window_h": cfg.window_h},
         "_curves": {  # for the HTML report; dropped from JSON
-            "model": (s_model.label, s_model.risk), "logistic": (s_log.label, s_log.risk),
+            "model": (s_model.label[s_model.known], s_model.risk[s_model.known]),
+            "logistic": (s_log.label[s_log.known], s_log.risk[s_log.known]),
             "lead_times_h": _leads(s_model, failures, cfg, node_days),
+            "alarm_rows_end": s_model.ts.max() if len(s_model.ts) else None,
+            "labeled_rows_end": (s_model.ts[s_model.known].max() if s_model.known.any()
+                                 else None),
         },
     }
 
@@ -279,7 +303,7 @@ def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
 def _leads(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig, node_days: float
            ) -> list[float]:
     res = M.choose_threshold(s.ts, s.node, s.risk, failures,
-                             np.timedelta64(int(round(cfg.horizon_h * 3600)), "s"), node_days)
+                             np.timedelta64(int(round(cfg.window_h * 3600)), "s"), node_days)
     return list(res.lead_times_h) if res is not None else []
 
 

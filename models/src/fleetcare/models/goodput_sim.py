@@ -8,14 +8,14 @@ size into jobs of ``ceil(N / gpus_per_node)`` nodes. A small simulated fleet can
 behave like the ones inside (that is how ETTR is scaled, below).
 
 Over a period [start, end), with node failures and alarm episodes (``metrics.alarm_episodes``:
-the node is drained for H from the episode start):
+the node is drained for the warning window W (``horizon_h``) from the episode start):
 
 - a failure of a node running a job of N GPUs costs N·(time since the job's last
   checkpoint + u0) GPU-hours; checkpoints are every Δ from the job's phase;
-- a failure that an episode started at least ``min_lead_h`` before (and at most H before)
+- a failure that an episode started at least ``min_lead_h`` before (and at most W before)
   is *avoided*: the drain (checkpoint, inspection / repair) costs ``drain_cost_gpu_h``
   instead. A later alarm is too late: the crash costs in full;
-- an episode with no failure of its node in (s, s + H] and none in [s − grace, s] is a
+- an episode with no failure of its node in (s, s + W] and none in [s − grace, s] is a
   *false drain* and costs ``drain_cost_gpu_h``; one that starts at (or just after) a
   failure is a *reaction* (reactive rules do this) and costs nothing beyond the crash;
 - ETTR (Kokolis et al.) from the realised loss: each job's loss is scaled from its nodes in

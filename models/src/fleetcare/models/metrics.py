@@ -1,12 +1,19 @@
 """Evaluation at node level, in the terms an operator pays for: drains and missed failures.
 
 - Node risk at time t: ``1 - prod(1 - p_gpu)`` over the node's GPUs at t.
+- Alarms are judged over a *warning window* W (``WINDOW_H``, 72 h by default), which is
+  not the model's label horizon H (24 h: what its probability means). An alarm claims
+  "this node is failing"; a GPU whose HBM errors ramp for two days before the
+  uncorrectable error is rightly drained 40 h early, and judging that drain by a 24 h
+  horizon would call it false. W bounds how early a claim may be and still count.
 - An *alarm episode* starts at the first node score >= threshold; the node is then
-  drained for H, and further alarms within ``(start, start + H]`` belong to the same
-  episode. An episode with no failure of that node within ``(start, start + H]`` is a
-  *false drain*.
-- A failure at f is *detected* when an episode of its node starts in ``[f - H, f)``;
+  drained for W, and further alarms within ``(start, start + W]`` belong to the same
+  episode. An episode with no failure of that node within ``(start, start + W]`` is a
+  *false drain* (also when W runs past the end of the data: unproven counts as false).
+- A failure at f is *detected* when an episode of its node starts in ``[f - W, f)``;
   its lead time is ``f - start``.
+- A random alarm is credited by chance with probability about r·W (r: the node failure
+  rate): 1 % at Llama 3's 3.8 failures per 1,000 node-days and W = 72 h.
 - The operating threshold is the lowest one whose false drains stay within the budget
   (default 1 per 1,000 node-days): it maximises recall under the budget. The budget is a
   whole number of drains: on a test of fewer than 1,000 node-days it allows none. When
@@ -26,6 +33,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+WINDOW_H = 72.0
+"""Default warning window W in hours (see the module docstring)."""
 
 
 def json_float(x: Any) -> float | None:
@@ -73,8 +83,8 @@ class AlarmResult:
 
 
 def alarm_episodes(ts: np.ndarray, node: np.ndarray, score: np.ndarray, threshold: float,
-                   horizon: np.timedelta64) -> list[tuple[str, np.datetime64]]:
-    """(node, start) of each alarm episode: first score >= threshold, then H of drain."""
+                   window: np.timedelta64) -> list[tuple[str, np.datetime64]]:
+    """(node, start) of each alarm episode: first score >= threshold, then W of drain."""
     node = np.asarray(node, dtype=object)
     hit = np.flatnonzero(np.asarray(score) >= threshold)
     if len(hit) == 0:
@@ -86,7 +96,7 @@ def alarm_episodes(ts: np.ndarray, node: np.ndarray, score: np.ndarray, threshol
     for k in order:
         n, t = str(sub_node[k]), sub_ts[k]
         start = last.get(n)
-        if start is not None and t <= start + horizon:
+        if start is not None and t <= start + window:
             continue
         last[n] = t
         out.append((n, t))
@@ -95,8 +105,8 @@ def alarm_episodes(ts: np.ndarray, node: np.ndarray, score: np.ndarray, threshol
 
 def evaluate_alarms(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
                     failures: Sequence[Failure], threshold: float,
-                    horizon: np.timedelta64) -> AlarmResult:
-    episodes = alarm_episodes(ts, node, score, threshold, horizon)
+                    window: np.timedelta64) -> AlarmResult:
+    episodes = alarm_episodes(ts, node, score, threshold, window)
     by_node: dict[str, list[np.datetime64]] = {}
     for n, t in episodes:
         by_node.setdefault(n, []).append(t)
@@ -105,11 +115,11 @@ def evaluate_alarms(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
         fail_by_node.setdefault(f.node, []).append(f.ts)
     false_drains = sum(
         1 for n, s in episodes
-        if not any(s < f <= s + horizon for f in fail_by_node.get(n, ()))
+        if not any(s < f <= s + window for f in fail_by_node.get(n, ()))
     )
     detected, leads = [], []
     for f in failures:
-        starts = [s for s in by_node.get(f.node, ()) if f.ts - horizon <= s < f.ts]
+        starts = [s for s in by_node.get(f.node, ()) if f.ts - window <= s < f.ts]
         detected.append(bool(starts))
         if starts:
             leads.append(float((f.ts - min(starts)) / np.timedelta64(1, "s")) / 3600.0)
@@ -124,7 +134,7 @@ def _candidates(score: np.ndarray, max_candidates: int) -> np.ndarray:
 
 
 def choose_threshold(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
-                     failures: Sequence[Failure], horizon: np.timedelta64, node_days: float,
+                     failures: Sequence[Failure], window: np.timedelta64, node_days: float,
                      *, false_drain_budget: float = 1.0, max_candidates: int = 400
                      ) -> AlarmResult | None:
     """The lowest threshold with false drains <= budget per 1,000 node-days (best recall).
@@ -138,7 +148,7 @@ def choose_threshold(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
     allowed = false_drain_budget * node_days / 1000.0
     best: AlarmResult | None = None
     for thr in _candidates(score, max_candidates):
-        res = evaluate_alarms(ts, node, score, failures, float(thr), horizon)
+        res = evaluate_alarms(ts, node, score, failures, float(thr), window)
         if res.false_drains > allowed:
             # False drains grow (almost) monotonically as the threshold falls: far past
             # the budget, looser thresholds will not come back under it.
@@ -186,16 +196,23 @@ def expected_calibration_error(y: np.ndarray, p: np.ndarray, *, bins: int = 10) 
 
 
 def node_metrics(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, node_label: np.ndarray,
-                 failures: Sequence[Failure], horizon_h: float, node_days: float,
-                 *, false_drain_budget: float = 1.0) -> dict[str, Any]:
-    """pr_auc, recall_at_budget, false drains, lead time and recall per failure mode."""
-    horizon = np.timedelta64(int(round(horizon_h * 3600)), "s")
-    res = choose_threshold(ts, node, risk, failures, horizon, node_days,
+                 failures: Sequence[Failure], window_h: float, node_days: float,
+                 *, false_drain_budget: float = 1.0, labeled: np.ndarray | None = None
+                 ) -> dict[str, Any]:
+    """pr_auc, recall_at_budget, false drains, lead time and recall per failure mode.
+
+    Alarms are judged over the warning window ``window_h``. ``labeled`` marks the rows
+    whose label is known (their horizon ends inside the data): PR-AUC uses only those,
+    while alarms use every row (default: all rows are labeled).
+    """
+    window = np.timedelta64(int(round(window_h * 3600)), "s")
+    res = choose_threshold(ts, node, risk, failures, window, node_days,
                            false_drain_budget=false_drain_budget)
     n_fail = len(failures)
+    lab = np.ones(len(risk), dtype=bool) if labeled is None else np.asarray(labeled, bool)
     out: dict[str, Any] = {
-        "pr_auc": average_precision(node_label, risk),
-        "node_roc_auc": roc_auc(node_label, risk),
+        "pr_auc": average_precision(np.asarray(node_label)[lab], np.asarray(risk)[lab]),
+        "node_roc_auc": roc_auc(np.asarray(node_label)[lab], np.asarray(risk)[lab]),
         "n_failures": n_fail,
         "node_days": json_float(node_days),
         "threshold": None,
@@ -205,6 +222,7 @@ def node_metrics(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, node_label:
         "false_drains_allowed": int(math.floor(false_drain_budget * node_days / 1000.0 + 1e-9)),
         "strictest_false_drains": None,
         "median_lead_time_h": None,
+        "window_h": json_float(window_h),
         "recall_by_mode": {},
     }
     modes = sorted({f.mode for f in failures})
@@ -218,7 +236,7 @@ def node_metrics(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, node_label:
             out["false_drains"] = 0
             out["false_drains_per_1000_node_days"] = 0.0
             out["strictest_false_drains"] = evaluate_alarms(
-                ts, node, risk, failures, float(finite.max()), horizon).false_drains
+                ts, node, risk, failures, float(finite.max()), window).false_drains
         return out
     out["threshold"] = json_float(res.threshold)
     out["false_drains"] = res.false_drains

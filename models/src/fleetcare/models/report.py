@@ -49,7 +49,7 @@ def _figures(report: dict[str, Any]) -> dict[str, str]:
 
     fig, ax = plt.subplots(figsize=(5, 4))
     leads = curves.get("lead_times_h", [])
-    ax.hist(leads, bins=12, range=(0, report.get("test_period", {}).get("horizon_h", 24)))
+    ax.hist(leads, bins=12, range=(0, report.get("test_period", {}).get("window_h", 72)))
     ax.set(xlabel="lead time (h)", ylabel="failures",
            title=f"fleetcare lead time at the budget threshold (n={len(leads)})")
     out["lead"] = _png(fig)

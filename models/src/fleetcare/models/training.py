@@ -194,29 +194,44 @@ def _failures(table: pa.Table, mask: np.ndarray) -> list[M.Failure]:
 
 
 def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_h: float,
-             every_s: int, feature_names: Sequence[str]) -> dict[str, Any]:
-    """Held-out metrics of ``model`` on the rows of ``table`` selected by ``mask``."""
+             every_s: int, feature_names: Sequence[str], labeled: np.ndarray | None = None,
+             window_h: float = M.WINDOW_H) -> dict[str, Any]:
+    """Held-out metrics of ``model`` on the rows of ``table`` selected by ``mask``.
+
+    Alarms use every row in ``mask`` and are judged over ``window_h``; row-level metrics
+    (PR-AUC, calibration) use only the rows in ``labeled`` (default: all of ``mask``),
+    those whose label horizon ends inside the data.
+    """
+    labeled = mask if labeled is None else labeled & mask
     test = table.filter(pa.array(mask))
     p = model.predict_proba(test)[:, 1] if test.num_rows else np.zeros(0)
+    known = labeled[mask]
     y = _bool(test, "label")
     ts, node = ts_column(test), _str(test, "node")
     nts, nnode, risk = M.node_risk(ts, node, p)
     # node_label per (ts, node): any GPU row of the node says so (they agree by definition)
     nl = _bool(test, "node_label")
     lab: dict[tuple[Any, str], bool] = {}
-    for t, n, v in zip(ts, node, nl, strict=True):
+    kn: dict[tuple[Any, str], bool] = {}
+    for t, n, v, k in zip(ts, node, nl, known, strict=True):
         lab[(t, str(n))] = lab.get((t, str(n)), False) or bool(v)
-    node_label = np.array([lab[(t, str(n))] for t, n in zip(nts, nnode, strict=True)], dtype=bool)
+        kn[(t, str(n))] = bool(k)
+    keys = list(zip(nts, (str(n) for n in nnode), strict=True))
+    node_label = np.array([lab[k] for k in keys], dtype=bool)
+    node_known = np.array([kn[k] for k in keys], dtype=bool)
     node_days = len(nts) * every_s / 86400.0
     failures = _failures(table, mask)
-    out = M.node_metrics(nts, nnode, risk, node_label, failures, horizon_h, node_days)
+    out = M.node_metrics(nts, nnode, risk, node_label, failures, window_h, node_days,
+                         labeled=node_known)
+    y, p = y[known], p[known]
     out.update({
+        "horizon_h": horizon_h,
         "gpu_pr_auc": M.average_precision(y, p),
         "gpu_roc_auc": M.roc_auc(y, p),
         "ece": M.expected_calibration_error(y, p),
         "mean_predicted": M.json_float(p.mean()) if len(p) else None,
         "observed_rate": M.json_float(y.mean()) if len(y) else None,
-        "test_rows": int(test.num_rows),
+        "test_rows": int(known.sum()),
         "test_positives": int(y.sum()),
     })
     return out
@@ -225,7 +240,7 @@ def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_
 def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0,
                      seed: int = 0, every_s: int = 3600, label_end: dt.datetime | None = None,
                      params: dict[str, Any] | None = None, progress: Progress | None = None,
-                     ) -> tuple[FailureModel, dict[str, Any]]:
+                     window_h: float = M.WINDOW_H) -> tuple[FailureModel, dict[str, Any]]:
     """Fit on train, calibrate on cal, measure on test: the store-free core of ``train``.
 
     ``table`` holds features (``KEY_COLUMNS`` + float features) and labels
@@ -240,6 +255,7 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
     train_m = (ts >= b0) & (ts + H <= b1)
     cal_m = (ts >= b1) & (ts + H <= b2)
     test_m = (ts >= b2) & (ts + H <= last) & (ts <= _np_ts(splits.end))
+    alarm_m = (ts >= b2) & (ts <= _np_ts(splits.end))  # alarms need no label
     y = _bool(table, "label")
     say(f"fitting on {int(train_m.sum())} rows ({int(y[train_m].sum())} positive)")
     hyper: dict[str, Any] = {**MODEL_DEFAULTS, "monotone_increasing": monotone_features(names)}
@@ -248,8 +264,8 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
               X_cal=table.filter(pa.array(cal_m)), y_cal=y[cal_m], feature_names=names)
     say(f"calibrated ({model.calibrator_['kind']}) on {int(cal_m.sum())} rows "
         f"({model.n_cal_positives_} positive); evaluating on {int(test_m.sum())} rows")
-    metrics = evaluate(model, table, test_m, horizon_h=horizon_h, every_s=every_s,
-                       feature_names=names)
+    metrics = evaluate(model, table, alarm_m, horizon_h=horizon_h, every_s=every_s,
+                       feature_names=names, labeled=test_m, window_h=window_h)
     metrics.update({
         "calibration": model.calibrator_["kind"],
         "train_rows": int(train_m.sum()), "train_positives": int(y[train_m].sum()),

@@ -1,6 +1,6 @@
 """``fleetcare evaluate``: the model against the baselines, in drains and GPU-hours.
 
-    fleetcare evaluate --db PATH [--horizon 24h] [--json] [--html report.html]
+    fleetcare evaluate --db PATH [--horizon 24h] [--window 72h] [--json] [--html report.html]
                        [--job-gpus 8,64,512,1024,4096] [--checkpoint-interval 1h]
                        [--restart-overhead 15m] [--drain-cost 24] [--seed 0]
     fleetcare evaluate --train-db A --test-db B [...]
@@ -9,6 +9,10 @@ With ``--db`` a fresh model is trained on the store's own train period (the firs
 its time; nothing is registered, the current model is not used) and every method is
 measured on the last 25 %. With ``--train-db``/``--test-db`` the model is trained on all
 of fleet A and measured on fleet B's last 25 %.
+
+The model predicts failure within the horizon H (24 h); its alarms are judged over the
+warning window W (72 h): a drain is false unless its node fails within W, so a GPU whose
+HBM errors ramp for two days is rightly drained 40 h early.
 
 ``--json`` prints one JSON object (the contract, checked by the tests)::
 
@@ -44,7 +48,12 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--db", help="DuckDB file to evaluate on (default: the [cli] db setting)")
     p.add_argument("--train-db", help="train on this fleet (all of its time) ...")
     p.add_argument("--test-db", help="... and test on this fleet's last 25 %%")
-    p.add_argument("--horizon", default=None, help="prediction horizon (default 24h)")
+    p.add_argument("--horizon", default=None, help="prediction horizon H: what the model's "
+                   "probability means, and its training label (default 24h)")
+    p.add_argument("--window", default=None,
+                   help="warning window W: a drain is false unless its node fails within W, "
+                        "and a failure counts as detected when an alarm came within W before "
+                        "it (default 72h; at least the horizon)")
     p.add_argument("--seed", type=int, default=None, help="model seed")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--html", default=None, metavar="PATH", help="write a self-contained HTML report")
@@ -99,8 +108,12 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
                 "drain_cost_gpu_h": "--drain-cost"}.get(exc.name, "--job-gpus")
         raise CliError(f"{flag}: {exc}") from exc
     horizon_h = hours("--horizon", args.horizon or getattr(cfg, "horizon", "24h"))
+    window_h = hours("--window", args.window or "72h")
+    if window_h < horizon_h:
+        raise CliError(f"--window {window_h:g}h is shorter than the horizon {horizon_h:g}h: "
+                       "an alarm must be judged over at least what it predicts")
     seed = args.seed if args.seed is not None else getattr(cfg, "seed", 0)
-    ecfg = E.EvalConfig(horizon_h=horizon_h, seed=seed, cost=cost,
+    ecfg = E.EvalConfig(horizon_h=horizon_h, window_h=window_h, seed=seed, cost=cost,
                         job_sizes=_job_sizes(args.job_gpus))
     say = (lambda m: print(f"evaluate: {m}", file=sys.stderr)) if not args.json else None
     try:
