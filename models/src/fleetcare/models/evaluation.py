@@ -293,6 +293,7 @@ def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
             "model": (s_model.label[s_model.known], s_model.risk[s_model.known]),
             "logistic": (s_log.label[s_log.known], s_log.risk[s_log.known]),
             "lead_times_h": _leads(s_model, failures, cfg, node_days),
+            "node_scores": s_model, "failures": failures, "node_days": node_days,
             "alarm_rows_end": s_model.ts.max() if len(s_model.ts) else None,
             "labeled_rows_end": (s_model.ts[s_model.known].max() if s_model.known.any()
                                  else None),
