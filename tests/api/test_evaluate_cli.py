@@ -72,3 +72,16 @@ def test_usage_errors_name_the_flag(fleets, capsys):
     assert "--job-gpus" in capsys.readouterr().err
     assert main(["evaluate", "--db", a, "--checkpoint-interval", "0s"]) == 1
     assert "--checkpoint-interval" in capsys.readouterr().err
+    assert main(["evaluate", "--db", a, "--window", "12h"]) == 1
+    assert "--window 12h is shorter than the horizon 24h" in capsys.readouterr().err
+
+
+def test_evaluate_shards_and_window(fleets, capsys):
+    """Two --db are the shards of one fleet; --window changes how alarms are judged."""
+    a, b = fleets
+    capsys.readouterr()
+    assert main(["evaluate", "--db", a, "--db", b, "--window", "48h", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    _check_contract(out)
+    assert out["test_period"]["shards"] == 2
+    assert out["test_period"]["window_h"] == out["model"]["window_h"] == 48.0

@@ -74,3 +74,33 @@ def test_the_test_period_runs_to_the_end_of_the_data(report):
     last_ts = report["_curves"]["alarm_rows_end"]
     assert last_ts + np.timedelta64(3600, "s") == end
     assert report["_curves"]["labeled_rows_end"] + np.timedelta64(24, "h") <= end
+
+
+def test_a_fleet_in_shards_is_trained_and_measured_as_one(tmp_path):
+    """Two stores over the same time, node names colliding: every figure covers both."""
+    from fleetcare.api.cli import main
+    from fleetcare.pipeline.store import Store
+
+    dbs = []
+    for seed in (7, 8):
+        db = str(tmp_path / f"shard{seed}.duckdb")
+        assert main(["simulate", "--nodes", "12", "--days", "10", "--seed", str(seed),
+                     "--failure-scale", "20", "--interval", "10m", "--db", db]) == 0
+        dbs.append(db)
+    stores = [Store(d) for d in dbs]
+    try:
+        cfg = E.EvalConfig()
+        singles = [E.load_fleet(st, cfg) for st in stores]
+        report = E.evaluate_store(stores, cfg)
+    finally:
+        for st in stores:
+            st.close()
+    s = report["_curves"]["node_scores"]
+    assert {n.split("/")[0] for n in s.node} == {"0", "1"}  # node-00003 of each kept apart
+    assert len({n for n in s.node}) == 24
+    expected = sum(len(E.failures_of(f.table, f.alarm_m)) for f in singles)
+    assert report["test_period"]["failures"] == expected > 0
+    assert report["test_period"]["shards"] == 2
+    rows = sum(int(f.alarm_m.sum()) for f in singles) // 8  # node-hours (8 GPUs a node)
+    assert report["test_period"]["node_days"] == pytest.approx(rows / 24, abs=0.01)
+    assert report["goodput"]["no_action"]["failures"] == expected

@@ -12,6 +12,12 @@ period with the model's drain threshold chosen on the calibration period.
 ``evaluate_cross(train_store, test_store)``: model and logistic trained on all of fleet
 A's time (the last 20 % calibrates the model and picks the goodput threshold), measured on
 fleet B's test period.
+
+Alarms use every test row up to the end of the data and are judged over the warning
+window ``EvalConfig.window_h`` (``metrics``); PR-AUC and calibration use the test rows
+whose label is known. A fleet too big for one store (DuckDB has one writer; a feature
+table of 10^6 GPU-hours is a few GB) can be given as a list of stores, its *shards* over
+the same time: one model is trained on all of them, and every figure is over all of them.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from typing import Any, TypedDict
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetcare.models import baselines as B
 from fleetcare.models import goodput_sim as G
@@ -65,6 +72,7 @@ class Fleet:
     splits: T.Splits
     last: dt.datetime
     ts: np.ndarray
+    shard: str  # the prefix of its node names ("" for a fleet in one store)
     train_m: np.ndarray
     cal_m: np.ndarray
     test_m: np.ndarray  # test rows whose label is known (PR-AUC, calibration)
@@ -77,7 +85,10 @@ def _np(t: dt.datetime) -> np.datetime64:
 
 
 def load_fleet(store: Any, cfg: EvalConfig, *, cal_start_frac: float | None = None,
-               whole: bool = False, say: Progress = lambda _m: None) -> Fleet:
+               whole: bool = False, say: Progress = lambda _m: None,
+               shard: str = "") -> Fleet:
+    """Features + labels of one store and its split. ``shard`` (e.g. ``"2/"``) is put in
+    front of every node name, so that shards of one fleet never share a node."""
     from fleetcare.pipeline import features, labels
 
     features.refresh(store)
@@ -89,6 +100,10 @@ def load_fleet(store: Any, cfg: EvalConfig, *, cal_start_frac: float | None = No
     say(f"features {start:%Y-%m-%d %H:%M} .. {hi:%Y-%m-%d %H:%M}")
     feats = features.gpu_features(store, start, hi, every_s=cfg.every_s)
     table = labels.attach_labels(store, feats, horizon_h=cfg.horizon_h)
+    if shard:
+        i = table.column_names.index("node")
+        table = table.set_column(i, "node", pc.binary_join_element_wise(
+            pa.scalar(shard), table.column("node").cast(pa.string()), ""))
     if whole:  # train on all of it, the last 20 % calibrates
         span = hi - start
         splits = T.Splits(start, start + span * 0.8, hi, hi)
@@ -98,7 +113,7 @@ def load_fleet(store: Any, cfg: EvalConfig, *, cal_start_frac: float | None = No
     H = np.timedelta64(int(round(cfg.horizon_h * 3600)), "s")
     b0, b1, b2, end = (_np(splits.start), _np(splits.cal_start), _np(splits.test_start),
                        _np(splits.end))
-    return Fleet(store, table, splits, hi, ts,
+    return Fleet(store, table, splits, hi, ts, shard,
                  (ts >= b0) & (ts + H <= b1), (ts >= b1) & (ts + H <= b2),
                  (ts >= b2) & (ts + H <= _np(hi)) & (ts <= end),
                  (ts >= b2) & (ts <= end), (ts >= b1) & (ts < b2))
@@ -152,16 +167,19 @@ def node_scores(table: pa.Table, mask: np.ndarray, p: np.ndarray,
     return NodeScores(nts, nnode, risk, label, known)
 
 
-def _fit_model(fleet: Fleet, cfg: EvalConfig) -> Any:
+def _rows(fleets: Sequence[Fleet], mask: str) -> pa.Table:
+    """The rows of every shard selected by its mask ``mask`` ("train_m", ...), together."""
+    return pa.concat_tables([f.table.filter(pa.array(getattr(f, mask))) for f in fleets])
+
+
+def _fit_model(fleets: Sequence[Fleet], cfg: EvalConfig) -> Any:
     from fleetcare.models.model import FailureModel
 
-    t = fleet.table
-    names = T.model_features(T.feature_columns(t))
-    y = T._bool(t, "label")
+    train, cal = _rows(fleets, "train_m"), _rows(fleets, "cal_m")
+    names = T.model_features(T.feature_columns(train))
     hyper = {**T.MODEL_DEFAULTS, "monotone_increasing": T.monotone_features(names)}
     model = FailureModel(horizon_h=cfg.horizon_h, seed=cfg.seed, **hyper)
-    return model.fit(t.filter(pa.array(fleet.train_m)), y[fleet.train_m],
-                     X_cal=t.filter(pa.array(fleet.cal_m)), y_cal=y[fleet.cal_m],
+    return model.fit(train, T._bool(train, "label"), X_cal=cal, y_cal=T._bool(cal, "label"),
                      feature_names=names)
 
 
@@ -170,10 +188,40 @@ def _predict(model: Any, table: pa.Table, mask: np.ndarray) -> np.ndarray:
     return model.predict_proba(sub)[:, 1] if sub.num_rows else np.zeros(0)
 
 
-def _period(fleet: Fleet, mask: np.ndarray, every_s: int) -> tuple[np.datetime64, np.datetime64]:
-    ts = fleet.ts[mask]
+def _period(fleets: Sequence[Fleet], mask: str, every_s: int
+            ) -> tuple[np.datetime64, np.datetime64]:
+    ts = np.concatenate([f.ts[getattr(f, mask)] for f in fleets])
     step = np.timedelta64(every_s, "s")
     return ts.min(), ts.max() + step
+
+
+def _scores(fleets: Sequence[Fleet], mask: str, predict: Callable[[pa.Table], np.ndarray],
+            labeled: str | None = None) -> tuple[NodeScores, np.ndarray]:
+    """Node scores of every shard's ``mask`` rows, together, and the GPU-level p."""
+    parts, ps = [], []
+    for f in fleets:
+        m = getattr(f, mask)
+        sub = f.table.filter(pa.array(m))
+        p = predict(sub) if sub.num_rows else np.zeros(0)
+        ps.append(p)
+        parts.append(node_scores(f.table, m, p, getattr(f, labeled) if labeled else None))
+    return NodeScores(*(np.concatenate([getattr(x, k) for x in parts])
+                        for k in ("ts", "node", "risk", "label", "known"))), np.concatenate(ps)
+
+
+def _failures(fleets: Sequence[Fleet], mask: str, *, before: np.datetime64 | None = None
+              ) -> list[M.Failure]:
+    return [x for f in fleets for x in failures_of(f.table, getattr(f, mask), before=before)]
+
+
+def _rule(fleets: Sequence[Fleet], fn: Callable[..., B.RuleAlarms], t0: dt.datetime,
+          t1: dt.datetime) -> B.RuleAlarms:
+    """A rule's alarms over every shard, its node names prefixed like the shard's."""
+    out = [fn(f.store, t0, t1) for f in fleets]
+    return B.RuleAlarms(out[0].name, np.concatenate([r.ts for r in out]),
+                        np.concatenate([np.array([f.shard + str(n) for n in r.node], dtype=object)
+                                        for f, r in zip(fleets, out, strict=True)]),
+                        np.concatenate([r.reason for r in out]))
 
 
 def _method_metrics(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig,
@@ -204,35 +252,34 @@ def precursor_recall(metrics: dict[str, Any], counts: dict[str, int]) -> float |
                for m, c in counts.items() if m != "none") / n
 
 
-def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
+def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, say: Progress,
               model: Any | None = None) -> dict[str, Any]:
     if model is None:
         say("training the model")
         model = _fit_model(train, cfg)
-    names = T.model_features(T.feature_columns(train.table))
-    y_tr = T._bool(train.table, "label")
+    train_rows = _rows(train, "train_m")
+    names = T.model_features(T.feature_columns(train_rows))
     say("fitting the logistic baseline")
-    logit = B.LogisticBaseline(seed=cfg.seed).fit(train.table.filter(pa.array(train.train_m)),
-                                                   y_tr[train.train_m], feature_names=names)
-    failures = failures_of(test.table, test.alarm_m)
-    p = _predict(model, test.table, test.alarm_m)
-    s_model = node_scores(test.table, test.alarm_m, p, test.test_m)
+    logit = B.LogisticBaseline(seed=cfg.seed).fit(train_rows, T._bool(train_rows, "label"),
+                                                   feature_names=names)
+    del train_rows
+    failures = _failures(test, "alarm_m")
+    s_model, p = _scores(test, "alarm_m", lambda t: model.predict_proba(t)[:, 1], "test_m")
     node_days = len(s_model.ts) * cfg.every_s / 86400.0
-    known = test.test_m[test.alarm_m]
-    y_te = T._bool(test.table, "label")[test.test_m]
-    say(f"scoring {int(test.alarm_m.sum())} test rows, {len(failures)} failures")
+    known = np.concatenate([f.test_m[f.alarm_m] for f in test])
+    y_te = np.concatenate([T._bool(f.table, "label")[f.test_m] for f in test])
+    say(f"scoring {len(p)} test rows, {len(failures)} failures")
     out_model = _method_metrics(s_model, failures, cfg, node_days)
     out_model["ece"] = M.expected_calibration_error(y_te, p[known])
     out_model["gpu_pr_auc"] = M.average_precision(y_te, p[known])
-    p_log = logit.predict_proba(test.table.filter(pa.array(test.alarm_m)))[:, 1]
-    s_log = node_scores(test.table, test.alarm_m, p_log, test.test_m)
+    s_log, _ = _scores(test, "alarm_m", lambda t: logit.predict_proba(t)[:, 1], "test_m")
     out_log = _method_metrics(s_log, failures, cfg, node_days)
 
-    start, end = _period(test, test.alarm_m, cfg.every_s)
+    start, end = _period(test, "alarm_m", cfg.every_s)
     t0 = start.astype(dt.datetime).replace(tzinfo=dt.UTC)
     t1 = end.astype(dt.datetime).replace(tzinfo=dt.UTC)
-    reactive = B.reactive_xid_from_store(test.store, t0, t1)
-    dcgm = B.dcgm_alarms(test.store, t0, t1)
+    reactive = _rule(test, B.reactive_xid_from_store, t0, t1)
+    dcgm = _rule(test, B.dcgm_alarms, t0, t1)
     out_rules = {r.name: B.evaluate_rule(r, failures, cfg.window_h, node_days)
                  for r in (reactive, dcgm)}
 
@@ -240,18 +287,19 @@ def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
     cost = cfg.cost
     sim: _SimKnobs = {"horizon_h": cfg.window_h, "min_lead_h": cfg.min_lead_h,
                       "checkpoint_write_h": cfg.checkpoint_write_h}
-    cal_jobs = G.pack_jobs(sorted(set(T._str(train.table, "node"))), cfg.job_sizes,
-                           gpus_per_node=cost.gpus_per_node,
+
+    def jobs_of(fleets: Sequence[Fleet]) -> list[G.Job]:
+        nodes = sorted({str(n) for f in fleets for n in T._str(f.table, "node")})
+        return G.pack_jobs(nodes, cfg.job_sizes, gpus_per_node=cost.gpus_per_node,
                            checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
-    s_cal = node_scores(train.table, train.cal_alarm_m,
-                        _predict(model, train.table, train.cal_alarm_m))
-    c0, c1 = _period(train, train.cal_alarm_m, cfg.every_s)
+
+    cal_jobs = jobs_of(train)
+    s_cal, _ = _scores(train, "cal_alarm_m", lambda t: model.predict_proba(t)[:, 1])
+    c0, c1 = _period(train, "cal_alarm_m", cfg.every_s)
     thr, cal_res, _ = G.choose_goodput_threshold(
         s_cal.ts, s_cal.node, G.decision_score(s_cal.node, s_cal.risk, cal_jobs, cost),
-        failures_of(train.table, train.cal_alarm_m, before=c1), cal_jobs, cost, c0, c1, **sim)
-    jobs = G.pack_jobs(sorted(set(T._str(test.table, "node"))), cfg.job_sizes,
-                       gpus_per_node=cost.gpus_per_node,
-                       checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
+        _failures(train, "cal_alarm_m", before=c1), cal_jobs, cost, c0, c1, **sim)
+    jobs = jobs_of(test)
     W = np.timedelta64(int(round(cfg.window_h * 3600)), "s")
     score = G.decision_score(s_model.node, s_model.risk, jobs, cost)
     fc_eps = M.alarm_episodes(s_model.ts, s_model.node, score, thr, W) if np.isfinite(thr) else []
@@ -288,7 +336,7 @@ def _evaluate(train: Fleet, test: Fleet, cfg: EvalConfig, say: Progress,
         "goodput": goodput,
         "test_period": {"start": str(start), "end": str(end), "node_days": round(node_days, 3),
                         "failures": len(failures), "horizon_h": cfg.horizon_h,
-                        "window_h": cfg.window_h},
+                        "window_h": cfg.window_h, "shards": len(test)},
         "_curves": {  # for the HTML report; dropped from JSON
             "model": (s_model.label[s_model.known], s_model.risk[s_model.known]),
             "logistic": (s_log.label[s_log.known], s_log.risk[s_log.known]),
@@ -308,27 +356,44 @@ def _leads(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig, node_days:
     return list(res.lead_times_h) if res is not None else []
 
 
-def evaluate_store(store: Any, cfg: EvalConfig | None = None, *,
+def _shards(stores: Any | Sequence[Any]) -> list[Any]:
+    return list(stores) if isinstance(stores, list | tuple) else [stores]
+
+
+def _load(stores: list[Any], cfg: EvalConfig, say: Progress, *, whole: bool = False
+          ) -> list[Fleet]:
+    many = len(stores) > 1
+    return [load_fleet(st, cfg, whole=whole, say=say, shard=f"{i}/" if many else "")
+            for i, st in enumerate(stores)]
+
+
+def evaluate_store(store: Any | Sequence[Any], cfg: EvalConfig | None = None, *,
                    progress: Progress | None = None) -> dict[str, Any]:
-    """The report for one store: a fresh model on its time split vs the baselines."""
+    """The report for one fleet: a fresh model on its time split vs the baselines.
+
+    ``store`` may be a list: shards of one fleet over the same time (node names get the
+    shard's index in front, ``"0/node-00001"``), trained and measured together.
+    """
     cfg = cfg or EvalConfig()
     say = progress or (lambda _m: None)
-    fleet = load_fleet(store, cfg, say=say)
-    out = _evaluate(fleet, fleet, cfg, say)
-    out["setting"] = "home: trained on this store's train period, tested on its last 25 %"
+    fleets = _load(_shards(store), cfg, say)
+    out = _evaluate(fleets, fleets, cfg, say)
+    out["setting"] = "home: trained on this fleet's train period, tested on its last 25 %"
     return out
 
 
-def evaluate_cross(train_store: Any, test_store: Any, cfg: EvalConfig | None = None, *,
+def evaluate_cross(train_store: Any | Sequence[Any], test_store: Any | Sequence[Any],
+                   cfg: EvalConfig | None = None, *,
                    progress: Progress | None = None) -> dict[str, Any]:
-    """Trained on all of fleet A's time, tested on fleet B's test period."""
+    """Trained on all of fleet A's time, tested on fleet B's test period (either may be
+    a list of shards, as for ``evaluate_store``)."""
     cfg = cfg or EvalConfig()
     say = progress or (lambda _m: None)
-    a = load_fleet(train_store, cfg, whole=True, say=say)
-    b = load_fleet(test_store, cfg, say=say)
+    a = _load(_shards(train_store), cfg, say, whole=True)
+    b = _load(_shards(test_store), cfg, say)
     out = _evaluate(a, b, cfg, say)
-    out["setting"] = ("cross-fleet: trained on all of the train store's time (last 20 % "
-                      "calibrates), tested on the test store's last 25 %")
+    out["setting"] = ("cross-fleet: trained on all of the train fleet's time (last 20 % "
+                      "calibrates), tested on the test fleet's last 25 %")
     return out
 
 

@@ -4,6 +4,7 @@
                        [--job-gpus 8,64,512,1024,4096] [--checkpoint-interval 1h]
                        [--restart-overhead 15m] [--drain-cost 24] [--seed 0]
     fleetcare evaluate --train-db A --test-db B [...]
+    fleetcare evaluate --db shard0.duckdb --db shard1.duckdb [...]   # one fleet in shards
 
 With ``--db`` a fresh model is trained on the store's own train period (the first 60 % of
 its time; nothing is registered, the current model is not used) and every method is
@@ -32,6 +33,7 @@ HBM errors ramp for two days is rightly drained 40 h early.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import Any
 
@@ -45,9 +47,13 @@ def add_parser(subparsers: Any) -> None:
                          "and logistic regression, with a goodput simulation",
         description=_DOC[:_DOC.index("``--json``")].replace("``", ""),
         epilog=_CONTRACT, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", help="DuckDB file to evaluate on (default: the [cli] db setting)")
-    p.add_argument("--train-db", help="train on this fleet (all of its time) ...")
-    p.add_argument("--test-db", help="... and test on this fleet's last 25 %%")
+    p.add_argument("--db", action="append",
+                   help="DuckDB file to evaluate on (default: the [cli] db setting); repeat "
+                        "it for the shards of one fleet (same time, different nodes)")
+    p.add_argument("--train-db", action="append",
+                   help="train on this fleet (all of its time; repeatable for shards) ...")
+    p.add_argument("--test-db", action="append",
+                   help="... and test on this fleet's last 25 %% (repeatable for shards)")
     p.add_argument("--horizon", default=None, help="prediction horizon H: what the model's "
                    "probability means, and its training label (default 24h)")
     p.add_argument("--window", default=None,
@@ -117,19 +123,20 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
                         job_sizes=_job_sizes(args.job_gpus))
     say = (lambda m: print(f"evaluate: {m}", file=sys.stderr)) if not args.json else None
     try:
-        if args.train_db:
-            a, b = Store(_existing_db(args.train_db)), Store(_existing_db(args.test_db))
-            try:
-                report = E.evaluate_cross(a, b, ecfg, progress=say)
-            finally:
-                a.close()
-                b.close()
-        else:
-            store = Store(_existing_db(args.db or cfg.db))
-            try:
-                report = E.evaluate_store(store, ecfg, progress=say)
-            finally:
-                store.close()
+        with contextlib.ExitStack() as stack:
+            def open_all(paths: list[str]) -> list[Any]:
+                out = []
+                for path in paths:
+                    st = Store(_existing_db(path))
+                    stack.callback(st.close)
+                    out.append(st)
+                return out
+
+            if args.train_db:
+                report = E.evaluate_cross(open_all(args.train_db), open_all(args.test_db),
+                                          ecfg, progress=say)
+            else:
+                report = E.evaluate_store(open_all(args.db or [cfg.db]), ecfg, progress=say)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     except Exception as exc:  # TrainError / FitError: say what the store lacks
