@@ -124,6 +124,13 @@ def _str(table: pa.Table, name: str) -> np.ndarray:
     return np.asarray(table.column(name).to_pylist(), dtype=object)
 
 
+def is_key(name: str) -> bool:
+    """A column that identifies a feature row (``features.KEY_COLUMNS``)."""
+    from fleetcare.pipeline.features import KEY_COLUMNS
+
+    return name in KEY_COLUMNS
+
+
 def feature_columns(table: pa.Table) -> list[str]:
     from fleetcare.pipeline.features import KEY_COLUMNS
 
