@@ -43,6 +43,9 @@ from fleetcare.pipeline.store import Store
 
 
 def _sim(db: str, nodes: int, days: int, seed: int, scale: float, model: str) -> None:
+    if os.path.exists(db):  # --workdir kept from an earlier run with the same arguments
+        print(f"reusing {db}", file=sys.stderr)
+        return
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the one JSON object
         rc = cli(["simulate", "--nodes", str(nodes), "--days", str(days), "--seed", str(seed),
                   "--failure-scale", str(scale), "--interval", "10m", "--model", model,
@@ -51,8 +54,14 @@ def _sim(db: str, nodes: int, days: int, seed: int, scale: float, model: str) ->
         raise SystemExit(f"simulate failed for {db}")
 
 
+STORE_MEMORY = "1GB"
+
+
 def _eval(fn: Any, *fleets: list[str]) -> dict[str, Any]:
     stores = [[Store(d) for d in dbs] for dbs in fleets]
+    for shard in stores:  # eight DuckDB instances each caching up to 80 % of RAM do not fit
+        for s in shard:
+            s.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
     try:
         return E.public(fn(*stores))
     finally:
@@ -122,7 +131,9 @@ def main() -> None:
     p.add_argument("--days", type=int, default=30)
     p.add_argument("--seed", type=int, default=11)
     p.add_argument("--failure-scale", type=float, default=4.0)
-    p.add_argument("--workdir", default=None, help="where the stores go (default: a temp dir)")
+    p.add_argument("--workdir", default=None,
+                   help="where the stores go (default: a temp dir); stores already there "
+                        "are reused, so a rerun with the same arguments skips simulating")
     args = p.parse_args()
     if args.shards < 1:
         p.error("--shards must be at least 1")

@@ -177,7 +177,7 @@ def monotone_features(names: Sequence[str]) -> list[str]:
     for n in names:
         stem = _stem(n)
         if (stem in _ERROR_STEMS or stem in xids or n in _FAULT_FLAGS
-                or stem == "pcie_width_down_frac"):
+                or stem == "pcie_width_down_frac" or stem.endswith("_active_hours")):
             out.append(n)
     return out
 

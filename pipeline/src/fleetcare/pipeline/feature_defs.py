@@ -140,6 +140,14 @@ _WINDOWED: list[tuple[str, str, str, Callable[[Agg, str], str]]] = [
      lambda A, w: _mean(A, "util_sum", "util_n", w)),
 ]
 
+# persistence: (name stem, hourly rollup column, what) counted in hours with an increase
+ACTIVE_WINDOWS = ("6h", "24h")
+_ACTIVE: list[tuple[str, str, str]] = [
+    ("ecc_corrected", "ecc_c", "corrected ECC error"),
+    ("pcie_replay", "pcie_replay", "PCIe replay"),
+    ("nvlink_crc", "nvl_crc", "NVLink CRC error"),
+]
+
 _XID_DEF = ("XIDs of class {cls} attributed to this GPU (by uuid, else PCI bus id, else "
             "index on the node)")
 
@@ -198,6 +206,9 @@ def windowed_sql(A: Agg) -> list[tuple[str, str]]:
             out.append((f"xid_{cls}_{w}", A("sum", f"coalesce(xid_{cls}, 0)", w)))
     for w in ("6h", "24h"):
         out.append((f"gpu_temp_slope_{w}", A("regr_slope", "temp_h, xh", w)))
+    for w in ACTIVE_WINDOWS:
+        for stem, col, _ in _ACTIVE:
+            out.append((f"{stem}_active_hours_{w}", A("sum", f"(coalesce({col}, 0) > 0)::INT", w)))
     return out
 
 
@@ -216,6 +227,12 @@ def _catalogue() -> list[FeatureDef]:
         out.append(FeatureDef(
             f"gpu_temp_slope_{w}", w, "degC/h",
             "least-squares slope of the hourly mean GPU temperature against time"))
+    for w in ACTIVE_WINDOWS:
+        for stem, _, what in _ACTIVE:
+            out.append(FeatureDef(
+                f"{stem}_active_hours_{w}", w, "hours",
+                f"hours of the window with at least one new {what}: a fault keeps erring "
+                "hour after hour, a one-off burst does not"))
     for name, unit, definition, _ in _NOW:
         out.append(FeatureDef(name, "now", unit, definition + "; NaN if unsupported"))
     out.append(FeatureDef(
