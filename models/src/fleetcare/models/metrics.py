@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+TOP_CANDIDATES = 2000
+"""The highest distinct scores all tried as thresholds (quantiles below them)."""
 WINDOW_H = 72.0
 """Default warning window W in hours (see the module docstring)."""
 
@@ -126,11 +128,15 @@ def evaluate_alarms(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
     return AlarmResult(threshold, episodes, false_drains, detected, leads, list(failures))
 
 
-def _candidates(score: np.ndarray, max_candidates: int) -> np.ndarray:
-    u = np.unique(score[np.isfinite(score)])
-    if len(u) > max_candidates:
-        u = np.unique(np.quantile(u, np.linspace(0.0, 1.0, max_candidates)))
-    return u[::-1]  # strictest first
+def _candidates(score: np.ndarray, max_candidates: int, top: int = TOP_CANDIDATES
+                ) -> np.ndarray:
+    """Thresholds to try, strictest first: every one of the ``top`` highest distinct
+    scores (where a budget of a few false drains sits), then quantiles of the rest."""
+    u = np.unique(score[np.isfinite(score)])[::-1]
+    if len(u) <= top + max_candidates:
+        return u
+    rest = np.unique(np.quantile(u[top:], np.linspace(0.0, 1.0, max_candidates)))[::-1]
+    return np.concatenate([u[:top], rest])
 
 
 def choose_threshold(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
