@@ -141,18 +141,7 @@ def failures_of(table: pa.Table, mask: np.ndarray, *, before: np.datetime64 | No
                 ) -> list[M.Failure]:
     """Distinct (node, failure time) the rows in ``mask`` look ahead to, with their mode
     (only failures before ``before`` when given)."""
-    nl = T._bool(table, "node_label") & mask
-    idx = np.flatnonzero(nl)
-    if not len(idx):
-        return []
-    nodes = T._str(table, "node")[idx]
-    fts = T.ts_column(table, "failure_ts")[idx]
-    modes = T._str(table, "failure_mode")[idx]
-    seen: dict[tuple[str, np.datetime64], str] = {}
-    for n, f, m in zip(nodes, fts, modes, strict=True):
-        if not np.isnat(f) and (before is None or f < before):
-            seen.setdefault((str(n), f), str(m) if m else "unknown")
-    return [M.Failure(n, f, m) for (n, f), m in sorted(seen.items())]
+    return T._failures(table, mask, before=before)
 
 
 @dataclass
@@ -173,16 +162,8 @@ def node_scores(table: pa.Table, mask: np.ndarray, p: np.ndarray,
              else np.asarray(labeled, dtype=bool)[mask])
     ts, node = T.ts_column(sub), T._str(sub, "node")
     nts, nnode, risk = M.node_risk(ts, node, p)
-    nl = T._bool(sub, "node_label")
-    lab: dict[tuple[Any, str], bool] = {}
-    kn: dict[tuple[Any, str], bool] = {}
-    for t, n, v, k in zip(ts, node, nl, kmask, strict=True):
-        lab[(t, str(n))] = lab.get((t, str(n)), False) or bool(v)
-        kn[(t, str(n))] = bool(k)
-    keys = list(zip(nts, (str(n) for n in nnode), strict=True))
-    label = np.array([lab[k] for k in keys], dtype=bool)
-    known = np.array([kn[k] for k in keys], dtype=bool)
-    return NodeScores(nts, nnode, risk, label, known)
+    return NodeScores(nts, nnode, risk, M.node_any(ts, node, T._bool(sub, "node_label")),
+                      M.node_any(ts, node, kmask))
 
 
 def _rows(fleets: Sequence[Fleet], mask: str) -> pa.Table:
@@ -243,15 +224,16 @@ def _rule(fleets: Sequence[Fleet], fn: Callable[..., B.RuleAlarms], t0: dt.datet
 
 
 def _method_metrics(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig,
-                    node_days: float) -> dict[str, Any]:
-    out = M.node_metrics(s.ts, s.node, s.risk, s.label, failures, cfg.window_h, node_days,
-                         labeled=s.known)
+                    node_days: float) -> tuple[dict[str, Any], list[float]]:
+    """A method's metrics and its lead times, at the operating point chosen once."""
     res = M.choose_threshold(s.ts, s.node, s.risk, failures,
                              np.timedelta64(int(round(cfg.window_h * 3600)), "s"), node_days)
-    leads = res.lead_times_h if res is not None else []
+    out = M.metrics_at(res, s.ts, s.node, s.risk, s.label, failures, cfg.window_h, node_days,
+                       labeled=s.known)
+    leads = list(res.lead_times_h) if res is not None else []
     out["p10_lead_time_h"] = M.json_float(np.percentile(leads, 10)) if leads else None
     out["failures_by_mode"] = failures_by_mode(failures)
-    return out
+    return out, leads
 
 
 def failures_by_mode(failures: Sequence[M.Failure]) -> dict[str, int]:
@@ -287,11 +269,11 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     known = np.concatenate([f.test_m[f.alarm_m] for f in test])
     y_te = np.concatenate([T._bool(f.table, "label")[f.test_m] for f in test])
     say(f"scoring {len(p)} test rows, {len(failures)} failures")
-    out_model = _method_metrics(s_model, failures, cfg, node_days)
+    out_model, leads = _method_metrics(s_model, failures, cfg, node_days)
     out_model["ece"] = M.expected_calibration_error(y_te, p[known])
     out_model["gpu_pr_auc"] = M.average_precision(y_te, p[known])
     s_log, _ = _scores(test, "alarm_m", lambda t: logit.predict_proba(t)[:, 1], "test_m")
-    out_log = _method_metrics(s_log, failures, cfg, node_days)
+    out_log, _ = _method_metrics(s_log, failures, cfg, node_days)
 
     start, end = _period(test, "alarm_m", cfg.every_s)
     t0 = start.astype(dt.datetime).replace(tzinfo=dt.UTC)
@@ -358,20 +340,13 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
         "_curves": {  # for the HTML report; dropped from JSON
             "model": (s_model.label[s_model.known], s_model.risk[s_model.known]),
             "logistic": (s_log.label[s_log.known], s_log.risk[s_log.known]),
-            "lead_times_h": _leads(s_model, failures, cfg, node_days),
+            "lead_times_h": leads,
             "node_scores": s_model, "failures": failures, "node_days": node_days,
             "alarm_rows_end": s_model.ts.max() if len(s_model.ts) else None,
             "labeled_rows_end": (s_model.ts[s_model.known].max() if s_model.known.any()
                                  else None),
         },
     }
-
-
-def _leads(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig, node_days: float
-           ) -> list[float]:
-    res = M.choose_threshold(s.ts, s.node, s.risk, failures,
-                             np.timedelta64(int(round(cfg.window_h * 3600)), "s"), node_days)
-    return list(res.lead_times_h) if res is not None else []
 
 
 def _shards(stores: Any | Sequence[Any]) -> list[Any]:

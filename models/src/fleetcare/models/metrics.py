@@ -48,6 +48,16 @@ def json_float(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
+def _node_groups(ts: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Row order by (node, ts) and the start of each (ts, node) group in that order."""
+    keys = np.array([f"{n}\x00" for n in node], dtype=object)
+    order = np.lexsort((ts, keys))
+    ts_s, node_s = ts[order], node[order]
+    new = np.ones(len(order), dtype=bool)
+    new[1:] = (node_s[1:] != node_s[:-1]) | (ts_s[1:] != ts_s[:-1])
+    return order, np.flatnonzero(new)
+
+
 def node_risk(ts: np.ndarray, node: np.ndarray, p_gpu: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per (ts, node): ``1 - prod(1 - p)``; returns (ts, node, risk) sorted by node, ts."""
@@ -55,16 +65,21 @@ def node_risk(ts: np.ndarray, node: np.ndarray, p_gpu: np.ndarray
     ts = np.asarray(ts)
     if len(ts) == 0:
         return ts[:0], node[:0], np.zeros(0)
-    keys = np.array([f"{n}\x00" for n in node], dtype=object)
-    order = np.lexsort((ts, keys))
-    ts_s, node_s = ts[order], node[order]
+    order, starts = _node_groups(ts, node)
     with np.errstate(divide="ignore"):
         logq = np.log1p(-np.clip(np.asarray(p_gpu, dtype=np.float64)[order], 0.0, 1.0))
-    new = np.ones(len(order), dtype=bool)
-    new[1:] = (node_s[1:] != node_s[:-1]) | (ts_s[1:] != ts_s[:-1])
-    starts = np.flatnonzero(new)
     sums = np.add.reduceat(logq, starts)
-    return ts_s[starts], node_s[starts], 1.0 - np.exp(sums)
+    return ts[order][starts], node[order][starts], 1.0 - np.exp(sums)
+
+
+def node_any(ts: np.ndarray, node: np.ndarray, flag: np.ndarray) -> np.ndarray:
+    """Per (ts, node), in ``node_risk``'s order: is ``flag`` true on any of its GPU rows."""
+    node = np.asarray(node, dtype=object)
+    ts = np.asarray(ts)
+    if len(ts) == 0:
+        return np.zeros(0, dtype=bool)
+    order, starts = _node_groups(ts, node)
+    return np.logical_or.reduceat(np.asarray(flag, dtype=bool)[order], starts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +229,16 @@ def node_metrics(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, node_label:
     window = np.timedelta64(int(round(window_h * 3600)), "s")
     res = choose_threshold(ts, node, risk, failures, window, node_days,
                            false_drain_budget=false_drain_budget)
+    return metrics_at(res, ts, node, risk, node_label, failures, window_h, node_days,
+                      false_drain_budget=false_drain_budget, labeled=labeled)
+
+
+def metrics_at(res: AlarmResult | None, ts: np.ndarray, node: np.ndarray, risk: np.ndarray,
+               node_label: np.ndarray, failures: Sequence[Failure], window_h: float,
+               node_days: float, *, false_drain_budget: float = 1.0,
+               labeled: np.ndarray | None = None) -> dict[str, Any]:
+    """``node_metrics`` at an operating point already chosen by ``choose_threshold``."""
+    window = np.timedelta64(int(round(window_h * 3600)), "s")
     n_fail = len(failures)
     lab = np.ones(len(risk), dtype=bool) if labeled is None else np.asarray(labeled, bool)
     out: dict[str, Any] = {

@@ -182,8 +182,10 @@ def monotone_features(names: Sequence[str]) -> list[str]:
     return out
 
 
-def _failures(table: pa.Table, mask: np.ndarray) -> list[M.Failure]:
-    """The node failures the rows in ``mask`` look ahead to (distinct node, time)."""
+def _failures(table: pa.Table, mask: np.ndarray, *, before: np.datetime64 | None = None
+              ) -> list[M.Failure]:
+    """The node failures the rows in ``mask`` look ahead to (distinct node, time), with
+    their mode (only failures before ``before`` when given)."""
     node_label = _bool(table, "node_label") & mask
     if not node_label.any():
         return []
@@ -194,7 +196,7 @@ def _failures(table: pa.Table, mask: np.ndarray) -> list[M.Failure]:
              else np.full(len(idx), None, dtype=object))
     seen: dict[tuple[str, np.datetime64], str] = {}
     for n, f, m in zip(nodes, fts, modes, strict=True):
-        if np.isnat(f):
+        if np.isnat(f) or (before is not None and f >= before):
             continue
         seen.setdefault((str(n), f), str(m) if m else "unknown")
     return [M.Failure(n, f, m) for (n, f), m in sorted(seen.items())]
@@ -217,15 +219,8 @@ def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_
     ts, node = ts_column(test), _str(test, "node")
     nts, nnode, risk = M.node_risk(ts, node, p)
     # node_label per (ts, node): any GPU row of the node says so (they agree by definition)
-    nl = _bool(test, "node_label")
-    lab: dict[tuple[Any, str], bool] = {}
-    kn: dict[tuple[Any, str], bool] = {}
-    for t, n, v, k in zip(ts, node, nl, known, strict=True):
-        lab[(t, str(n))] = lab.get((t, str(n)), False) or bool(v)
-        kn[(t, str(n))] = bool(k)
-    keys = list(zip(nts, (str(n) for n in nnode), strict=True))
-    node_label = np.array([lab[k] for k in keys], dtype=bool)
-    node_known = np.array([kn[k] for k in keys], dtype=bool)
+    node_label = M.node_any(ts, node, _bool(test, "node_label"))
+    node_known = M.node_any(ts, node, known)  # depends on ts only: any GPU row = all
     node_days = len(nts) * every_s / 86400.0
     failures = _failures(table, mask)
     out = M.node_metrics(nts, nnode, risk, node_label, failures, window_h, node_days,
