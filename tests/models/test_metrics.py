@@ -56,6 +56,17 @@ def test_evaluate_alarms_exact():
     assert (r.false_drains, r.detected, r.lead_times_h) == (2, [True, True], [12.0, 10.0])
 
 
+def test_alarm_right_after_its_failure_is_a_reaction_not_a_false_drain():
+    ts, node, score, failures = _timeline()
+    score[240 + 201] = 0.95  # B's first row after its failure at h200 sees the failure
+    r = M.evaluate_alarms(ts, node, score, failures, 0.8, H)
+    assert r.false_drains == 2  # without a grace: A's h130 and B's h201
+    r = M.evaluate_alarms(ts, node, score, failures, 0.8, H, grace=HOUR)
+    assert (r.false_drains, r.detected) == (1, [True, False])  # B's h201 reacts: no lead
+    score[240 + 201], score[240 + 203] = 0.0, 0.95  # three hours on: a drain again
+    assert M.evaluate_alarms(ts, node, score, failures, 0.8, H, grace=HOUR).false_drains == 2
+
+
 def test_threshold_under_false_drain_budget():
     ts, node, score, failures = _timeline()
     # 20 node-days: a budget of 100 / 1000 node-days allows 2 false drains

@@ -6,8 +6,15 @@ import datetime as dt
 import json
 
 import numpy as np
+import pyarrow as pa
 
-from fleetcare.models.training import Splits, feature_columns, fit_and_evaluate, ts_column
+from fleetcare.models.training import (
+    Splits,
+    aftermath,
+    feature_columns,
+    fit_and_evaluate,
+    ts_column,
+)
 
 from .conftest import T0
 
@@ -30,8 +37,11 @@ def test_fit_and_evaluate_on_timeline(timeline):
     ts = ts_column(timeline)
     H = np.timedelta64(24, "h")
     train_end = np.datetime64(splits.cal_start.replace(tzinfo=None), "us")
-    assert m["train_rows"] == int(((ts >= np.datetime64(splits.start.replace(tzinfo=None), "us"))
-                                   & (ts + H <= train_end)).sum())
+    in_train = ((ts >= np.datetime64(splits.start.replace(tzinfo=None), "us"))
+                & (ts + H <= train_end))
+    after = aftermath(timeline)
+    assert (in_train & after).any()  # failures in the training period leave an aftermath
+    assert m["train_rows"] == int((in_train & ~after).sum())
     assert m["n_failures"] > 0 and m["test_positives"] > 0
     assert m["gpu_roc_auc"] > 0.8  # the signal shows 18 h ahead, labels look 24 h
     assert m["pr_auc"] > 0.5
@@ -42,6 +52,24 @@ def test_fit_and_evaluate_on_timeline(timeline):
     assert m["ece"] is not None and m["ece"] < 0.05
     assert m["calibration"] in ("isotonic", "sigmoid")
     assert model.feature_names_in_ == ["ecc_corrected_24h", "gpu_temp_c", "noise"]
+
+
+def test_aftermath_rows_follow_each_failure_of_their_node():
+    t0 = np.datetime64("2025-03-01T00:00", "us")
+    hour = np.timedelta64(1, "h")
+    ts = np.concatenate([t0 + np.arange(6) * hour] * 2)
+    node = ["a"] * 6 + ["b"] * 6
+    fail = t0 + 2 * hour + np.timedelta64(30, "m")  # a fails at 02:30; rows 00:00-02:00 see it
+    looks = [True, True, True, False, False, False] + [False] * 6
+    table = pa.table({
+        "ts": pa.array(ts, pa.timestamp("us")), "node": node, "gpu_uuid": ["g"] * 12,
+        "node_label": looks,
+        "failure_ts": pa.array([fail if x else None for x in looks], pa.timestamp("us")),
+        "failure_mode": ["hbm" if x else None for x in looks],
+    })
+    assert aftermath(table, 2.0).tolist() == [False, False, False, True, True, False] + [False] * 6
+    assert aftermath(table, 24.0).tolist() == [False] * 3 + [True] * 3 + [False] * 6
+    assert not aftermath(table, 0.0).any()
 
 
 def test_same_seed_same_result(timeline):

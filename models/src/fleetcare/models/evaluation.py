@@ -131,8 +131,9 @@ def load_fleet(store: Any, cfg: EvalConfig, *, cal_start_frac: float | None = No
     H = np.timedelta64(int(round(cfg.horizon_h * 3600)), "s")
     b0, b1, b2, end = (_np(splits.start), _np(splits.cal_start), _np(splits.test_start),
                        _np(splits.end))
+    fit_m = ~T.aftermath(table)  # see training.aftermath; test rows keep every row
     return Fleet(store, table, splits, hi, ts, shard,
-                 (ts >= b0) & (ts + H <= b1), (ts >= b1) & (ts + H <= b2),
+                 (ts >= b0) & (ts + H <= b1) & fit_m, (ts >= b1) & (ts + H <= b2) & fit_m,
                  (ts >= b2) & (ts + H <= _np(hi)) & (ts <= end),
                  (ts >= b2) & (ts <= end), (ts >= b1) & (ts < b2))
 
@@ -226,10 +227,12 @@ def _rule(fleets: Sequence[Fleet], fn: Callable[..., B.RuleAlarms], t0: dt.datet
 def _method_metrics(s: NodeScores, failures: list[M.Failure], cfg: EvalConfig,
                     node_days: float) -> tuple[dict[str, Any], list[float]]:
     """A method's metrics and its lead times, at the operating point chosen once."""
+    grace = np.timedelta64(cfg.every_s, "s")  # the first row after a failure sees it
     res = M.choose_threshold(s.ts, s.node, s.risk, failures,
-                             np.timedelta64(int(round(cfg.window_h * 3600)), "s"), node_days)
+                             np.timedelta64(int(round(cfg.window_h * 3600)), "s"), node_days,
+                             grace=grace)
     out = M.metrics_at(res, s.ts, s.node, s.risk, s.label, failures, cfg.window_h, node_days,
-                       labeled=s.known)
+                       labeled=s.known, grace=grace)
     leads = list(res.lead_times_h) if res is not None else []
     out["p10_lead_time_h"] = M.json_float(np.percentile(leads, 10)) if leads else None
     out["failures_by_mode"] = failures_by_mode(failures)
@@ -296,9 +299,12 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     cal_jobs = jobs_of(train)
     s_cal, _ = _scores(train, "cal_alarm_m", lambda t: model.predict_proba(t)[:, 1])
     c0, c1 = _period(train, "cal_alarm_m", cfg.every_s)
+    # a scored row reacts to a failure up to one interval after it (rules: at the XID)
+    row_grace_h = max(G.REACTION_GRACE_H, cfg.every_s / 3600.0)
     thr, cal_res, _ = G.choose_goodput_threshold(
         s_cal.ts, s_cal.node, G.decision_score(s_cal.node, s_cal.risk, cal_jobs, cost),
-        _failures(train, "cal_alarm_m", before=c1), cal_jobs, cost, c0, c1, **sim)
+        _failures(train, "cal_alarm_m", before=c1), cal_jobs, cost, c0, c1,
+        grace_h=row_grace_h, **sim)
     jobs = jobs_of(test)
     W = np.timedelta64(int(round(cfg.window_h * 3600)), "s")
     score = G.decision_score(s_model.node, s_model.risk, jobs, cost)
@@ -309,7 +315,8 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
                                            cost, start, end, **sim),
         "dcgm_thresholds": G.simulate_goodput(failures, dcgm.episodes(cfg.window_h), jobs,
                                               cost, start, end, **sim),
-        "fleetcare": G.simulate_goodput(failures, fc_eps, jobs, cost, start, end, **sim),
+        "fleetcare": G.simulate_goodput(failures, fc_eps, jobs, cost, start, end,
+                                        grace_h=row_grace_h, **sim),
     }
     base = runs["no_action"].gpu_hours_lost
     goodput: dict[str, Any] = {}

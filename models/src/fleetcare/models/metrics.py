@@ -9,7 +9,12 @@
 - An *alarm episode* starts at the first node score >= threshold; the node is then
   drained for W, and further alarms within ``(start, start + W]`` belong to the same
   episode. An episode with no failure of that node within ``(start, start + W]`` is a
-  *false drain* (also when W runs past the end of the data: unproven counts as false).
+  *false drain* (also when W runs past the end of the data: unproven counts as false),
+  unless it starts within a *grace* after a failure of its node: the row that first sees a
+  failure (its terminal XID, its lost GPU) scores high because the node has already
+  failed, and a node that is down is not drained. That is a *reaction* (lead 0, not a
+  drain), as for the reactive rules (``baselines.evaluate_rule``); ``evaluation`` sets the
+  grace to one scoring interval, the time until the first row after the failure.
 - A failure at f is *detected* when an episode of its node starts in ``[f - W, f)``;
   its lead time is ``f - start``.
 - A random alarm is credited by chance with probability about r·W (r: the node failure
@@ -122,7 +127,13 @@ def alarm_episodes(ts: np.ndarray, node: np.ndarray, score: np.ndarray, threshol
 
 def evaluate_alarms(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
                     failures: Sequence[Failure], threshold: float,
-                    window: np.timedelta64) -> AlarmResult:
+                    window: np.timedelta64, *, grace: np.timedelta64 | None = None
+                    ) -> AlarmResult:
+    """Episodes at ``threshold``, their false drains, and which failures they detect.
+
+    An episode starting within ``grace`` (default none) at or after a failure of its
+    node reacts to it: not a false drain (see the module docstring).
+    """
     episodes = alarm_episodes(ts, node, score, threshold, window)
     by_node: dict[str, list[np.datetime64]] = {}
     for n, t in episodes:
@@ -132,7 +143,8 @@ def evaluate_alarms(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
         fail_by_node.setdefault(f.node, []).append(f.ts)
     false_drains = sum(
         1 for n, s in episodes
-        if not any(s < f <= s + window for f in fail_by_node.get(n, ()))
+        if not any(s < f <= s + window or (grace is not None and s - grace <= f <= s)
+                   for f in fail_by_node.get(n, ()))
     )
     detected, leads = [], []
     for f in failures:
@@ -156,8 +168,8 @@ def _candidates(score: np.ndarray, max_candidates: int, top: int = TOP_CANDIDATE
 
 def choose_threshold(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
                      failures: Sequence[Failure], window: np.timedelta64, node_days: float,
-                     *, false_drain_budget: float = 1.0, max_candidates: int = 400
-                     ) -> AlarmResult | None:
+                     *, false_drain_budget: float = 1.0, max_candidates: int = 400,
+                     grace: np.timedelta64 | None = None) -> AlarmResult | None:
     """The lowest threshold with false drains <= budget per 1,000 node-days (best recall).
 
     Among thresholds within the budget, the one with the highest recall wins, ties to the
@@ -169,7 +181,7 @@ def choose_threshold(ts: np.ndarray, node: np.ndarray, score: np.ndarray,
     allowed = false_drain_budget * node_days / 1000.0
     best: AlarmResult | None = None
     for thr in _candidates(score, max_candidates):
-        res = evaluate_alarms(ts, node, score, failures, float(thr), window)
+        res = evaluate_alarms(ts, node, score, failures, float(thr), window, grace=grace)
         if res.false_drains > allowed:
             # False drains grow (almost) monotonically as the threshold falls: far past
             # the budget, looser thresholds will not come back under it.
@@ -218,25 +230,27 @@ def expected_calibration_error(y: np.ndarray, p: np.ndarray, *, bins: int = 10) 
 
 def node_metrics(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, node_label: np.ndarray,
                  failures: Sequence[Failure], window_h: float, node_days: float,
-                 *, false_drain_budget: float = 1.0, labeled: np.ndarray | None = None
-                 ) -> dict[str, Any]:
+                 *, false_drain_budget: float = 1.0, labeled: np.ndarray | None = None,
+                 grace: np.timedelta64 | None = None) -> dict[str, Any]:
     """pr_auc, recall_at_budget, false drains, lead time and recall per failure mode.
 
-    Alarms are judged over the warning window ``window_h``. ``labeled`` marks the rows
-    whose label is known (their horizon ends inside the data): PR-AUC uses only those,
-    while alarms use every row (default: all rows are labeled).
+    Alarms are judged over the warning window ``window_h``; one starting within ``grace``
+    after a failure of its node reacts to it (``evaluate_alarms``). ``labeled`` marks the
+    rows whose label is known (their horizon ends inside the data): PR-AUC uses only
+    those, while alarms use every row (default: all rows are labeled).
     """
     window = np.timedelta64(int(round(window_h * 3600)), "s")
     res = choose_threshold(ts, node, risk, failures, window, node_days,
-                           false_drain_budget=false_drain_budget)
+                           false_drain_budget=false_drain_budget, grace=grace)
     return metrics_at(res, ts, node, risk, node_label, failures, window_h, node_days,
-                      false_drain_budget=false_drain_budget, labeled=labeled)
+                      false_drain_budget=false_drain_budget, labeled=labeled, grace=grace)
 
 
 def metrics_at(res: AlarmResult | None, ts: np.ndarray, node: np.ndarray, risk: np.ndarray,
                node_label: np.ndarray, failures: Sequence[Failure], window_h: float,
                node_days: float, *, false_drain_budget: float = 1.0,
-               labeled: np.ndarray | None = None) -> dict[str, Any]:
+               labeled: np.ndarray | None = None, grace: np.timedelta64 | None = None
+               ) -> dict[str, Any]:
     """``node_metrics`` at an operating point already chosen by ``choose_threshold``."""
     window = np.timedelta64(int(round(window_h * 3600)), "s")
     n_fail = len(failures)
@@ -267,7 +281,7 @@ def metrics_at(res: AlarmResult | None, ts: np.ndarray, node: np.ndarray, risk: 
             out["false_drains"] = 0
             out["false_drains_per_1000_node_days"] = 0.0
             out["strictest_false_drains"] = evaluate_alarms(
-                ts, node, risk, failures, float(finite.max()), window).false_drains
+                ts, node, risk, failures, float(finite.max()), window, grace=grace).false_drains
         return out
     out["threshold"] = json_float(res.threshold)
     out["false_drains"] = res.false_drains

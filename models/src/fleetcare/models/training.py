@@ -51,6 +51,10 @@ TRAIN_FRACTION = 0.60
 CAL_FRACTION = 0.15
 LABEL_COLUMNS = ("label", "node_label", "failure_ts", "failure_mode", "failure_cause")
 
+AFTERMATH_H = 24.0
+"""Hours after a node's failure whose rows neither train nor calibrate the model (see
+``aftermath``)."""
+
 MODEL_DEFAULTS: dict[str, Any] = {
     "n_estimators": 300, "learning_rate": 0.03, "num_leaves": 15, "min_child_samples": 100,
     "feature_fraction": 0.5, "scale_pos_weight": 1.0,
@@ -202,6 +206,35 @@ def _failures(table: pa.Table, mask: np.ndarray, *, before: np.datetime64 | None
     return [M.Failure(n, f, m) for (n, f), m in sorted(seen.items())]
 
 
+def aftermath(table: pa.Table, hours: float = AFTERMATH_H) -> np.ndarray:
+    """Rows of a node in ``(f, f + hours]`` after one of its failures ``f``.
+
+    These rows carry the failure's own signature (its terminal XID, the uncorrectable
+    errors, the lost link) in their windows while the node is down or freshly repaired,
+    and their label says "no failure ahead": trained on, they teach the model that a
+    failing GPU's signals mean "safe", against the precursor rows that say the opposite.
+    They are kept out of training and calibration, never out of evaluation. Failures are
+    the ones the table's own labels look ahead to (``_failures``).
+    """
+    out = np.zeros(table.num_rows, dtype=bool)
+    if hours <= 0 or table.num_rows == 0:
+        return out
+    fails = _failures(table, np.ones(table.num_rows, dtype=bool))
+    if not fails:
+        return out
+    ts, node = ts_column(table), _str(table, "node")
+    names, inv = np.unique(node.astype(str), return_inverse=True)
+    rows_of = np.split(np.argsort(inv, kind="stable"), np.cumsum(np.bincount(inv))[:-1])
+    span = np.timedelta64(int(round(hours * 3600)), "s")
+    for f in fails:
+        k = np.searchsorted(names, f.node)
+        if k == len(names) or names[k] != f.node:
+            continue
+        rows = rows_of[k]
+        out[rows[(ts[rows] > f.ts) & (ts[rows] <= f.ts + span)]] = True
+    return out
+
+
 def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_h: float,
              every_s: int, feature_names: Sequence[str], labeled: np.ndarray | None = None,
              window_h: float = M.WINDOW_H) -> dict[str, Any]:
@@ -224,7 +257,7 @@ def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_
     node_days = len(nts) * every_s / 86400.0
     failures = _failures(table, mask)
     out = M.node_metrics(nts, nnode, risk, node_label, failures, window_h, node_days,
-                         labeled=node_known)
+                         labeled=node_known, grace=np.timedelta64(every_s, "s"))
     y, p = y[known], p[known]
     out.update({
         "horizon_h": horizon_h,
@@ -254,8 +287,9 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
     b0, b1, b2 = _np_ts(splits.start), _np_ts(splits.cal_start), _np_ts(splits.test_start)
     last = _np_ts(label_end or splits.end)
-    train_m = (ts >= b0) & (ts + H <= b1)
-    cal_m = (ts >= b1) & (ts + H <= b2)
+    fit_m = ~aftermath(table)
+    train_m = (ts >= b0) & (ts + H <= b1) & fit_m
+    cal_m = (ts >= b1) & (ts + H <= b2) & fit_m
     test_m = (ts >= b2) & (ts + H <= last) & (ts <= _np_ts(splits.end))
     alarm_m = (ts >= b2) & (ts <= _np_ts(splits.end))  # alarms need no label
     y = _bool(table, "label")
