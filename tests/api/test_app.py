@@ -219,6 +219,19 @@ def test_metrics_exposition(client, fleet):
         "# HELP fleetcare_latest_score_timestamp_seconds Unix time of the newest node score "
         "(absent before the first score).\n"
         "# TYPE fleetcare_latest_score_timestamp_seconds gauge\n"
+        "# HELP fleetcare_drains_held Nodes fleetcare has drained and not given back yet, by "
+        "scheduler.\n"
+        "# TYPE fleetcare_drains_held gauge\n"
+        "# HELP fleetcare_drains_overdue Held drains past their review time (cleared by "
+        "nobody: they escalate).\n"
+        "# TYPE fleetcare_drains_overdue gauge\n"
+        "fleetcare_drains_overdue 0\n"
+        "# HELP fleetcare_drain_actions_total Real (not dry-run) drain controller actions from "
+        "the audit log, by action and result (ok, refused, error, held).\n"
+        "# TYPE fleetcare_drain_actions_total counter\n"
+        "# HELP fleetcare_drain_last_action_timestamp_seconds Unix time of the newest real "
+        "drain controller action (absent before one).\n"
+        "# TYPE fleetcare_drain_last_action_timestamp_seconds gauge\n"
     )
     fleet.node_score("gpu-a1", 0.25, ts=fleet.T0 - dt.timedelta(hours=1))
     fleet.node_score("gpu-a1", 0.125)
@@ -233,6 +246,38 @@ def test_metrics_exposition(client, fleet):
         'fleetcare_node_failure_risk{node="nan-node"} NaN',
         "fleetcare_scored_nodes 3",
         "fleetcare_latest_score_timestamp_seconds 1772366400.5",
+        "fleetcare_drains_overdue 0",
+    ]
+
+
+def test_metrics_show_drains_held_and_done(client, store, clock):
+    from fleetcare.api.drains.audit import AuditLog, AuditRow, Drain
+
+    now = dt.datetime.fromtimestamp(clock(), dt.UTC).replace(tzinfo=None)
+    log = AuditLog(store)
+    hour = dt.timedelta(hours=1)
+
+    def row(node, action, result, *, dry_run=False, ago=hour):
+        log.record(AuditRow(now - ago, node, action, "fleetcare", "why", 0.9, dry_run, result))
+
+    row("n1", "drain", "ok", ago=30 * hour)
+    row("n2", "drain", "ok")
+    row("n3", "drain", "error: scontrol: exit 1")
+    row("n4", "refuse", "refused: circuit breaker: 10 drain(s) per hour")
+    row("n5", "drain", "dry-run", dry_run=True, ago=dt.timedelta(minutes=5))  # not counted
+    for node, ago, scheduler in (("n1", 30 * hour, "slurm"), ("n2", hour, "slurm"),
+                                 ("n6", 2 * hour, "kubernetes")):
+        log.add(Drain(node, now - ago, now - ago + 24 * hour, 0.9, "why", scheduler, None, None))
+    log.close("n6", now, "operator")
+    lines = [ln for ln in client.get("/metrics").text.splitlines() if "drain" in ln
+             and not ln.startswith("#")]
+    assert lines == [
+        'fleetcare_drains_held{scheduler="slurm"} 2',
+        "fleetcare_drains_overdue 1",  # n1: drained 30 h ago, review after 24 h
+        'fleetcare_drain_actions_total{action="drain",result="error"} 1',
+        'fleetcare_drain_actions_total{action="drain",result="ok"} 2',
+        'fleetcare_drain_actions_total{action="refuse",result="refused"} 1',
+        f"fleetcare_drain_last_action_timestamp_seconds {clock() - 3600.0!r}",
     ]
 
 

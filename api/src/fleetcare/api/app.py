@@ -11,7 +11,7 @@ Routes (scope needed; see ``fleetcare.api.auth``)::
 
     GET /                      read   dashboard (HTML, self-contained, auto-refresh)
     GET /healthz               open   liveness + freshness of telemetry and scores
-    GET /metrics               open   Prometheus text (fleetcare_node_failure_risk{node})
+    GET /metrics               open   Prometheus text (node risk, drains held / done)
     GET /docs, /openapi.json   open   OpenAPI UI and spec (generated from the models)
     GET /v1/risk               read   latest score per node, highest risk first; filters
                                       (label, partition, gpu_model, min_risk) and paging
@@ -449,11 +449,16 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
              responses={200: {"content": {"text/plain": {}},
                               "description": "Prometheus text format 0.0.4."}})
     def prometheus(cur: Cur) -> Response:
-        """Latest node risks as Prometheus gauges (no token: scrapers)."""
+        """Latest node risks and the drain controller's state as Prometheus metrics (no
+        token: scrapers)."""
         tables = queries.existing_tables(cur)
         nodes = queries.ranked_nodes(cur, tables)
         latest = queries.latest_score_ts(cur, tables)
-        text = metrics.render(nodes, None if latest is None else queries.epoch_s(latest))
+        drains = queries.drain_stats(cur, tables, utcnow())
+        if drains["last_action"] is not None:
+            drains["last_action"] = queries.epoch_s(drains["last_action"])
+        text = metrics.render(nodes, None if latest is None else queries.epoch_s(latest),
+                              drains)
         return Response(text, media_type=metrics.CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse, tags=["service"], dependencies=READ,

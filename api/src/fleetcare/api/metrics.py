@@ -32,8 +32,9 @@ def format_value(value: float | int | None) -> str:
     return repr(value)
 
 
-def _family(name: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], Any]]) -> str:
-    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} gauge"]
+def _family(name: str, help_text: str, samples: Iterable[tuple[Mapping[str, str], Any]],
+            kind: str = "gauge") -> str:
+    lines = [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for labels, value in samples:
         label_text = ",".join(f'{k}="{escape_label(v)}"' for k, v in labels.items())
         lines.append(f"{name}{{{label_text}}} {format_value(value)}" if label_text
@@ -41,8 +42,10 @@ def _family(name: str, help_text: str, samples: Iterable[tuple[Mapping[str, str]
     return "\n".join(lines) + "\n"
 
 
-def render(nodes: list[dict[str, Any]], latest_score_s: float | None) -> str:
-    """The exposition for ``nodes`` (``queries.ranked_nodes`` rows) and the newest score."""
+def render(nodes: list[dict[str, Any]], latest_score_s: float | None,
+           drains: Mapping[str, Any] | None = None) -> str:
+    """The exposition for ``nodes`` (``queries.ranked_nodes`` rows), the newest score and
+    the drain controller's state (``queries.drain_stats``; omitted when None)."""
     return "".join([
         _family(
             "fleetcare_node_failure_risk",
@@ -56,4 +59,25 @@ def render(nodes: list[dict[str, Any]], latest_score_s: float | None) -> str:
             "Unix time of the newest node score (absent before the first score).",
             [] if latest_score_s is None else [({}, latest_score_s)],
         ),
+        *(_drain_families(drains) if drains is not None else []),
     ])
+
+
+def _drain_families(d: Mapping[str, Any]) -> list[str]:
+    last = d.get("last_action")
+    return [
+        _family("fleetcare_drains_held",
+                "Nodes fleetcare has drained and not given back yet, by scheduler.",
+                (({"scheduler": str(s)}, int(n)) for s, n in d.get("held", []))),
+        _family("fleetcare_drains_overdue",
+                "Held drains past their review time (cleared by nobody: they escalate).",
+                [({}, int(d.get("overdue", 0)))]),
+        _family("fleetcare_drain_actions_total",
+                "Real (not dry-run) drain controller actions from the audit log, by action "
+                "and result (ok, refused, error, held).",
+                (({"action": str(a), "result": str(r)}, int(n))
+                 for a, r, n in d.get("actions", [])), kind="counter"),
+        _family("fleetcare_drain_last_action_timestamp_seconds",
+                "Unix time of the newest real drain controller action (absent before one).",
+                [] if last is None else [({}, float(last))]),
+    ]

@@ -370,6 +370,29 @@ def alerts(cur: Cursor, tables: set[str], *, state: str | None = None,
     return out
 
 
+def drain_stats(cur: Cursor, tables: set[str], now: dt.datetime) -> dict[str, Any]:
+    """What the drain controller holds and has done (``drains`` / ``drain_audit``).
+
+    ``held``: (scheduler, count) of the drains fleetcare holds; ``overdue``: how many of
+    them are past their review time at ``now`` (naive UTC); ``actions``: (action, result
+    class, count) of real, not dry-run, audit rows, the result class being the result up
+    to its colon (``ok``, ``refused``, ``error``, ``held``); ``last_action``: the newest real audit row's time.
+    """
+    out: dict[str, Any] = {"held": [], "overdue": 0, "actions": [], "last_action": None}
+    if "drains" in tables:
+        out["held"] = cur.execute(
+            "SELECT scheduler, count(*) FROM drains WHERE resumed_at IS NULL "
+            "GROUP BY scheduler ORDER BY scheduler").fetchall()
+        out["overdue"] = int(_one(cur, "SELECT count(*) FROM drains WHERE resumed_at IS NULL "
+                                  "AND review_at <= ?", [now]))
+    if "drain_audit" in tables:
+        out["actions"] = cur.execute(
+            "SELECT action, split_part(result, ':', 1), count(*) FROM drain_audit "
+            "WHERE NOT dry_run GROUP BY ALL ORDER BY 1, 2").fetchall()
+        out["last_action"] = _one(cur, "SELECT max(ts) FROM drain_audit WHERE NOT dry_run")
+    return out
+
+
 def current_model(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
     """The registry row flagged ``is_current`` (newest if several); None if none."""
     if "models" not in tables:

@@ -13,7 +13,10 @@ of fleet A and measured on fleet B's last 25 %.
 
 The model predicts failure within the horizon H (24 h); its alarms are judged over the
 warning window W (72 h): a drain is false unless its node fails within W, so a GPU whose
-HBM errors ramp for two days is rightly drained 40 h early.
+HBM errors ramp for two days is rightly drained 40 h early. An alarm in the first row
+after its node's failure reacts to the failure (the node is down): not a false drain.
+The day after each failure neither trains nor calibrates the model (it shows the failure
+itself); the test period keeps every row.
 
 ``--json`` prints one JSON object (the contract, checked by the tests)::
 
