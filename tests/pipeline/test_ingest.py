@@ -60,3 +60,18 @@ def test_redelivered_records_land_once(tmp_path: Path) -> None:
     Ingestor(store, ListConsumer(values), validator=AT_T0).drain()
     Ingestor(store, ListConsumer(values + [("a", good("a", 9))]), validator=AT_T0).drain()
     assert store.cursor().execute("SELECT count(*) FROM telemetry").fetchone() == (6,)
+
+
+def test_redelivered_bad_records_are_quarantined_once(tmp_path: Path) -> None:
+    store = Store(tmp_path / "f.duckdb")
+    values = [("a", good("a", 1)), ("a", b"\xff junk"), ("a", b"\xff junk")]
+    Ingestor(store, ListConsumer(values), validator=AT_T0).drain()
+    # a crash before the commit: the same offsets come again, then one new bad record
+    Ingestor(store, ListConsumer(values + [("a", b"\xfe other")]), validator=AT_T0).drain()
+    rows = store.cursor().execute(
+        "SELECT source, raw FROM quarantine ORDER BY source").fetchall()
+    # the same bytes at another offset are another record: kept; a redelivery is not
+    assert rows == [(f"{TELEMETRY_TOPIC}/0@1", b"\xff junk"), (f"{TELEMETRY_TOPIC}/0@2", b"\xff junk"),
+                    (f"{TELEMETRY_TOPIC}/0@3", b"\xfe other")]
+    assert store.quarantine(f"{TELEMETRY_TOPIC}/0@3", "again", b"\xfe other") is False
+    assert store.quarantine(f"{TELEMETRY_TOPIC}/0@3", "new bytes", b"\x00") is True

@@ -92,6 +92,14 @@ def test_quarantine_is_kept_with_reason_and_raw_bytes(tmp_path: Path) -> None:
     rows = open_lake(tmp_path).execute("SELECT * FROM lake_quarantine").fetchall()
     assert rows == [(dt.datetime(2026, 2, 3, 10, 15), "fleetcare.telemetry/0@7",
                      "not a fleetcare batch", b"\xff junk", "undecodable")]
+    # redelivered after a crash (another worker, an hour later): still one record
+    again = LakeWriter(tmp_path, worker_id="w2")
+    again.quarantine("fleetcare.telemetry/0@7", "not a fleetcare batch", b"\xff junk",
+                     received_at=dt.datetime(2026, 2, 3, 11, 5, tzinfo=dt.UTC), code="undecodable")
+    again.flush()
+    con = open_lake(tmp_path)
+    assert con.execute("SELECT count(*) FROM lake_quarantine_raw").fetchone() == (2,)
+    assert con.execute("SELECT count(*) FROM lake_quarantine").fetchone() == (1,)
 
 
 def test_an_empty_lake_has_typed_empty_views(tmp_path: Path) -> None:

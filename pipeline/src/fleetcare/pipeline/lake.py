@@ -14,8 +14,9 @@ Kafka offsets are committed only after ``LakeWriter.flush`` returned.
 A crash between a rename and the offset commit makes Kafka deliver those records again,
 so the same record can sit in two files. Readers never see that: ``open_lake`` gives a
 DuckDB connection whose views ``lake_telemetry``, ``lake_xid_events``, ``lake_incidents``
-keep one row per natural key (``schema.SAMPLE_KEY`` ...); ``lake_quarantine`` is the
-raw log (it has no natural key). ``*_raw`` views show every stored row. ``compact``
+keep one row per natural key (``schema.SAMPLE_KEY`` ...); ``lake_quarantine`` one per
+(source, raw bytes), as ``Store.quarantine`` keeps them. ``*_raw`` views show every
+stored row. ``compact``
 rewrites a partition's files as one, without duplicates; it is safe next to running
 writers and readers because the views deduplicate anyway.
 
@@ -59,7 +60,7 @@ QUARANTINE_SCHEMA = pa.schema([("received_at", pa.timestamp("us")), ("source", p
 class LakeTable:
     name: str
     schema: pa.Schema
-    key: tuple[str, ...] | None  # None: keep every row (quarantine)
+    key: tuple[str, ...] | None  # None: keep every row
     time_column: str
 
 
@@ -67,7 +68,7 @@ TABLES: dict[str, LakeTable] = {t.name: t for t in (
     LakeTable("telemetry", schema.SAMPLE_SCHEMA, schema.SAMPLE_KEY, "ts"),
     LakeTable("xid_events", schema.EVENT_SCHEMA, schema.EVENT_KEY, "ts"),
     LakeTable("incidents", schema.INCIDENT_SCHEMA, schema.INCIDENT_KEY, "ts"),
-    LakeTable("quarantine", QUARANTINE_SCHEMA, None, "received_at"),
+    LakeTable("quarantine", QUARANTINE_SCHEMA, ("source", "raw"), "received_at"),
 )}
 SCHEMA_FILE = "_schema.parquet"
 COMPRESSION = "zstd"

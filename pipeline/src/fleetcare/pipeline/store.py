@@ -223,18 +223,27 @@ class Store:
         )
 
     def quarantine(self, source: str, reason: str, raw: bytes, *,
-                   received_at: dt.datetime | None = None, code: str | None = None) -> None:
+                   received_at: dt.datetime | None = None, code: str | None = None) -> bool:
         """Keep a record we could not accept, with why; never drop it silently.
 
-        ``code`` is the stable reason code (``fleetcare.pipeline.validate.CODES``)."""
+        ``code`` is the stable reason code (``fleetcare.pipeline.validate.CODES``). The
+        same bytes from the same ``source`` (``topic/partition@offset``) are kept once:
+        a redelivery after a crash before the offset commit is not a second bad record.
+        Returns whether a row was added."""
         when = _naive_utc(received_at or dt.datetime.now(dt.UTC))
         with self._lock:
-            self.con.execute(
+            added = self.con.execute(
                 "INSERT INTO quarantine (received_at, source, reason, raw, code) "
-                "VALUES (?, ?, ?, ?, ?)", [when, source, reason, raw, code]
+                "SELECT ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM quarantine "
+                "WHERE source = ? AND raw IS NOT DISTINCT FROM ?) RETURNING 1",
+                [when, source, reason, raw, code, source, raw]
             ).fetchall()
+        if not added:
+            log.info("ingest.quarantine_redelivered source=%s code=%s (kept once)", source, code)
+            return False
         log.warning("ingest.quarantined source=%s code=%s reason=%s bytes=%d",
                     source, code, reason, len(raw))
+        return True
 
     # -- meta -------------------------------------------------------------------
     def set_meta(self, key: str, value: str) -> None:
