@@ -82,23 +82,8 @@ def open_consumer(bus_url: str, *, group: str = DEFAULT_GROUP, topic_prefix: str
         return EmbeddedConsumer.from_url(bus_url)
     if instance_id:
         consumer_config["group_instance_id"] = instance_id
-    return GroupConsumer(parse_url(bus_url), group_id=group, topic_prefix=topic_prefix,
-                         consumer_config=consumer_config)
-
-
-class GroupConsumer(KafkaConsumerSource):
-    """``KafkaConsumerSource`` plus what a group member needs: its assignment, and commits
-    limited to the partitions it still owns (after a rebalance the new owner re-reads
-    from the last commit; the natural keys absorb the overlap)."""
-
-    def assignment(self) -> set[Any]:
-        return set(self._consumer.assignment())
-
-    def commit(self) -> None:
-        owned = self.assignment()
-        for tp in [tp for tp in self._positions if tp not in owned]:
-            del self._positions[tp]
-        super().commit()
+    return KafkaConsumerSource(parse_url(bus_url), group_id=group, topic_prefix=topic_prefix,
+                               consumer_config=consumer_config)
 
 
 class _CommitGate:

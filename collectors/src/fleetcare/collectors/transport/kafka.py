@@ -362,7 +362,9 @@ class KafkaConsumerSource:
     """The ``BusConsumer`` on Kafka: one member of consumer group ``group_id``.
 
     Offsets are committed only by ``commit()``, and then exactly up to what ``poll``
-    returned (call it once the rows are durable).
+    returned (call it once the rows are durable), for the partitions this member still
+    owns (``assignment()``): after a rebalance the new owner re-reads from the last
+    commit, and ingest's natural keys absorb the overlap.
     """
 
     def __init__(
@@ -407,7 +409,14 @@ class KafkaConsumerSource:
                 self._positions[tp] = records[-1].offset + 1
         return out
 
+    def assignment(self) -> set[Any]:
+        """The partitions this group member owns now (a rebalance changes them)."""
+        return set(self._consumer.assignment())
+
     def commit(self) -> None:
+        owned = self.assignment()
+        for tp in [tp for tp in self._positions if tp not in owned]:
+            del self._positions[tp]  # no longer ours: committing it would fail the commit
         if not self._positions:
             return
         from kafka.structs import OffsetAndMetadata
