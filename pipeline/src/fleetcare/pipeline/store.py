@@ -55,15 +55,20 @@ def _naive_utc(ts: dt.datetime) -> dt.datetime:
 
 
 def records_to_arrow(records: Iterable[msgspec.Struct], arrow: pa.Schema) -> pa.Table:
-    """Contract structs → an Arrow table with the contract's schema (slow path: live data)."""
-    names = arrow.names
-    cols: dict[str, list[Any]] = {n: [] for n in names}
-    for rec in records:
-        for name, value in zip(names, msgspec.structs.astuple(rec), strict=True):
-            if isinstance(value, dt.datetime):
-                value = _naive_utc(value)
-            cols[name].append(value)
-    return pa.table({n: pa.array(cols[n], type=arrow.field(n).type) for n in names})
+    """Contract structs → an Arrow table with the contract's schema (live data).
+
+    Rows are transposed to columns in C (``astuple``, ``zip``); Arrow converts aware
+    datetimes to naive UTC for the contract's naive timestamp columns.
+    """
+    rows = [msgspec.structs.astuple(rec) for rec in records]
+    if not rows:
+        return arrow.empty_table()
+    columns = list(zip(*rows, strict=True))
+    if len(columns) != len(arrow):
+        raise ValueError(f"records have {len(columns)} fields, the schema {len(arrow)}")
+    return pa.Table.from_arrays([pa.array(col, type=field.type)
+                                 for col, field in zip(columns, arrow, strict=True)],
+                                schema=arrow)
 
 
 def flatten_batches(
