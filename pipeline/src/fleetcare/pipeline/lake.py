@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from fleetcare.collectors.contract import Batch
+from fleetcare.collectors.transport.spool import fsync_dir
 from fleetcare.pipeline import schema
 from fleetcare.pipeline.store import flatten_batches, records_to_arrow
 
@@ -80,14 +81,6 @@ def new_worker_id() -> str:
     return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` so that a reader sees the whole file or nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +90,7 @@ def write_atomic(table: pa.Table, path: Path) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _partitions(table: pa.Table, time_column: str) -> Iterable[tuple[str, pa.Table]]:
@@ -265,7 +258,7 @@ def compact(root: str | Path, *, older_than: dt.timedelta = dt.timedelta(hours=2
             write_atomic(data, out)
             for p in files:
                 p.unlink(missing_ok=True)
-            _fsync_dir(hour_dir)
+            fsync_dir(hour_dir)
             for i, v in enumerate((1, len(files), 1, rows_in, data.num_rows)):
                 totals[i] += v
             log.info("lake.compacted partition=%s files=%d rows_in=%d rows_out=%d",

@@ -94,7 +94,8 @@ def _decode_body(body: bytes, droppable: bool) -> tuple[int, SpoolItem]:
     return seq, SpoolItem(topic, key, body[pos:], droppable)
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make a rename or create inside ``path`` durable (POSIX: fsync the directory)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -188,7 +189,7 @@ class _Lane:
         self.writer = open(self._seg_path(self.writer_id), "ab")
         self.sizes[self.writer_id] = 0
         if self.fsync:
-            _fsync_dir(self.path)
+            fsync_dir(self.path)
 
     # -- reading
     def read(self, loc: _Loc) -> SpoolItem:
