@@ -13,28 +13,9 @@ if command -v prometheus >/dev/null 2>&1 && command -v promtool >/dev/null 2>&1;
     exit 0
 fi
 
-if [ "$(id -u)" -ne 0 ]; then
-    SUDO=sudo
-else
-    SUDO=
-fi
+if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
 
-policy=/usr/sbin/policy-rc.d
-added_policy=
-if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
-    $SUDO chmod 755 "$policy"
-    added_policy=1
-fi
-cleanup() {
-    if [ -n "$added_policy" ]; then
-        $SUDO rm -f "$policy"
-    fi
-}
-trap cleanup EXIT INT TERM
-
-$SUDO apt-get update -qq
-DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends prometheus
+sh "$(dirname "$0")/../lib/apt-install-quiet.sh" prometheus
 
 # Belt and braces: if a service manager started it anyway, stop and disable it.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet prometheus 2>/dev/null; then

@@ -39,18 +39,8 @@ fi
 # -- packages ---------------------------------------------------------------------------
 if ! command -v slurmctld >/dev/null 2>&1 || ! command -v slurmd >/dev/null 2>&1 \
    || ! command -v scontrol >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
-    # keep the packages' maintainer scripts from starting system services
-    policy=/usr/sbin/policy-rc.d
-    added_policy=
-    if [ ! -e "$policy" ]; then
-        printf '#!/bin/sh\nexit 101\n' | $SUDO tee "$policy" >/dev/null
-        $SUDO chmod 755 "$policy"
-        added_policy=1
-    fi
-    $SUDO apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
-        slurmctld slurmd slurm-client munge >/dev/null
-    if [ -n "$added_policy" ]; then $SUDO rm -f "$policy"; fi
+    # the packages' maintainer scripts must not start system services
+    sh "$ROOT/deploy/lib/apt-install-quiet.sh" slurmctld slurmd slurm-client munge
 fi
 
 mkdir -p "$DIR/state" "$DIR/log" "$DIR/munge"
