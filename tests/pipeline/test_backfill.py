@@ -16,10 +16,8 @@ import json
 import math
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -47,11 +45,12 @@ from fleetcare.pipeline.backfill import (
 )
 from fleetcare.pipeline.store import Store
 
+from .prom_history import Series, dcgm_series, free_port, running_prometheus
+
 FIXTURES = Path(__file__).parent / "fixtures" / "prometheus"
 START = dt.datetime(2025, 6, 1, tzinfo=dt.UTC)
 HOURS = 6
 LAST = START + dt.timedelta(hours=HOURS, minutes=-1)   # the last simulated tick
-BLANK = 9223372036854775794  # DCGM "not supported" (int64 blank sentinel)
 QUERIES = len(metric_queries())
 
 
@@ -64,62 +63,6 @@ def sim() -> dict[str, np.ndarray]:
         START, START + dt.timedelta(hours=HOURS), 60))
     assert len(chunk) == 1
     return chunk[0].samples
-
-
-def dcgm_series(s: dict[str, np.ndarray]) -> list[tuple[str, dict[str, str], np.ndarray, list[Any]]]:
-    """(name, labels, ts seconds, values) per series, as dcgm-exporter would export them,
-    plus a blank-valued counter and an unmapped DCP series."""
-    field_to_dcgm: dict[str, str] = {}
-    for name, (fname, _) in FIELD_MAP.items():
-        field_to_dcgm.setdefault(fname, name)
-    ts = s["ts"].astype("datetime64[s]").astype(np.int64)
-    rows_by_gpu: dict[str, np.ndarray] = {}
-    for u in dict.fromkeys(s["gpu_uuid"].tolist()):
-        rows_by_gpu[u] = np.flatnonzero(s["gpu_uuid"] == u)
-
-    def labels(i: int) -> dict[str, str]:
-        node = str(s["node"][i])
-        return {"gpu": str(s["gpu_index"][i]), "UUID": str(s["gpu_uuid"][i]),
-                "pci_bus_id": str(s["pci_bus_id"][i]), "device": f"nvidia{s['gpu_index'][i]}",
-                "modelName": str(s["model"][i]), "Hostname": node,
-                "kubernetes_node": f"k8s-{node}", "job": "dcgm-exporter",
-                "instance": f"{node}:9400"}
-
-    out = []
-    for fname, name in field_to_dcgm.items():
-        if fname not in s:
-            continue
-        col = s[fname]
-        for rows in rows_by_gpu.values():
-            vals = col[rows]
-            vals = vals.astype(np.int64) if vals.dtype == bool else vals
-            out.append((name, labels(rows[0]), ts[rows], vals.tolist()))
-    for name, fname in NVLINK_MAP.items():
-        col = s[fname]
-        for k in range(col.shape[1]):
-            for rows in rows_by_gpu.values():
-                out.append((f"{name}_L{k}", labels(rows[0]), ts[rows], col[rows, k].tolist()))
-    for rows in rows_by_gpu.values():
-        out.append(("DCGM_FI_DEV_RETIRED_SBE", labels(rows[0]), ts[rows], [BLANK] * len(rows)))
-        out.append(("DCGM_FI_PROF_GR_ENGINE_ACTIVE", labels(rows[0]), ts[rows],
-                    [0.5] * len(rows)))
-    return out
-
-
-def write_openmetrics(series: list[tuple[str, dict[str, str], np.ndarray, list[Any]]],
-                      path: Path) -> None:
-    """OpenMetrics text for promtool: one family per name, timestamps in seconds, # EOF."""
-    by_name: dict[str, list[tuple[dict[str, str], np.ndarray, list[Any]]]] = {}
-    for name, labels, ts, values in series:
-        by_name.setdefault(name, []).append((labels, ts, values))
-    with path.open("w") as fh:
-        for name, members in by_name.items():
-            fh.write(f"# TYPE {name} gauge\n")
-            for labels, ts, values in members:
-                lab = ",".join(f'{k}="{v}"' for k, v in labels.items())
-                fh.writelines(f"{name}{{{lab}}} {v!r} {t}\n"
-                              for t, v in zip(ts.tolist(), values, strict=True))
-        fh.write("# EOF\n")
 
 
 # -- a fake server with the real API's JSON shapes -----------------------------------------
@@ -139,7 +82,7 @@ class FakePrometheus:
 
     _SEL = re.compile(r'^\{__name__(=~?)"([^"]+)"((?:,[a-zA-Z_]+="[^"]*")*)\}$')
 
-    def __init__(self, series: list[tuple[str, dict[str, str], np.ndarray, list[Any]]]) -> None:
+    def __init__(self, series: list[Series]) -> None:
         self.series = series
         self.rendered = [[[int(t), _prom_float(v)] for t, v in zip(ts.tolist(), values, strict=True)]
                          for _, _, ts, values in series]
@@ -192,66 +135,23 @@ class _BytesIO:
         pass
 
 
-# -- a real Prometheus server ---------------------------------------------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
-def series(sim: dict[str, np.ndarray]) -> list[tuple[str, dict[str, str], np.ndarray, list[Any]]]:
+def series(sim: dict[str, np.ndarray]) -> list[Series]:
     return dcgm_series(sim)
 
 
 @pytest.fixture(scope="module")
-def prometheus(series: list[tuple[str, dict[str, str], np.ndarray, list[Any]]],
-               tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[str]:
+def prometheus(series: list[Series], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """Base URL of a private Prometheus holding the simulated history."""
     if shutil.which("prometheus") is None or shutil.which("promtool") is None:
         pytest.skip("prometheus/promtool not on PATH: run deploy/prometheus/install.sh")
-    d = tmp_path_factory.mktemp("prometheus")
-    om, tsdb = d / "dcgm.om", d / "tsdb"
-    write_openmetrics(series, om)
-    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(om), str(tsdb)],
-                   check=True, capture_output=True, timeout=120)
-    om.unlink()
-    (d / "prometheus.yml").write_text("global:\n  scrape_interval: 1m\nscrape_configs: []\n")
-    port = _free_port()
-    log = (d / "prometheus.log").open("w")
-    proc = subprocess.Popen(
-        ["prometheus", f"--config.file={d / 'prometheus.yml'}", f"--storage.tsdb.path={tsdb}",
-         "--storage.tsdb.retention.time=10y", f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/-/ready", timeout=2) as r:  # noqa: S310
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError("prometheus did not become ready:\n"
-                                   + (d / "prometheus.log").read_text()[-3000:])
-            time.sleep(0.2)
+    with running_prometheus(series, tmp_path_factory.mktemp("prometheus")) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        log.close()
 
 
 @pytest.fixture(params=["real", "fake"])
 def server(request: pytest.FixtureRequest,
-           series: list[tuple[str, dict[str, str], np.ndarray, list[Any]]]
+           series: list[Series]
            ) -> tuple[str, Callable[[str, float], bytes]]:
     """(url, fetch) of the real server or of the fake."""
     if request.param == "real":
@@ -474,7 +374,7 @@ def test_error_status_and_non_json_answers() -> None:
 
 
 def test_unreachable_server_and_bad_arguments(tmp_path: Path) -> None:
-    port = _free_port()
+    port = free_port()
     with Store(tmp_path / "f.duckdb") as store:
         with pytest.raises(PrometheusUnreachable, match=r"curl http://127.0.0.1:\d+/-/ready"):
             backfill(store, f"http://127.0.0.1:{port}", START, LAST, timeout_s=5)
@@ -490,6 +390,6 @@ def test_cli_usage_and_operational_errors(tmp_path: Path) -> None:
     bad = _cli("--prometheus", "http://127.0.0.1:9", "--since", "yesterday",
                "--db", str(tmp_path / "f.duckdb"))
     assert bad.returncode == 1 and "--since 'yesterday' is not understood" in bad.stderr
-    down = _cli("--prometheus", f"http://127.0.0.1:{_free_port()}", "--since", "1h",
+    down = _cli("--prometheus", f"http://127.0.0.1:{free_port()}", "--since", "1h",
                 "--db", str(tmp_path / "f.duckdb"))
     assert down.returncode == 1 and "cannot reach Prometheus" in down.stderr

@@ -30,8 +30,8 @@ import re
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -226,57 +226,77 @@ class _Gpu:
     xid: int | None = None
 
 
-def _gpu_key(labels: dict[str, str]) -> str | None:
-    return labels.get("UUID") or labels.get("gpu_uuid") or None
+@dataclass(frozen=True, slots=True)
+class SeriesMeaning:
+    """What one series says, worked out once from its name and labels (``meaning``):
+    which GPU, and which ``GpuSample`` field (``fname``, converted by ``conv``), NVLink
+    link (``link``) or the XID (``kind``: ``field``, ``link``, ``xid``)."""
+
+    key: str
+    index: int
+    pci: str
+    model: str
+    host: str | None
+    kind: str
+    fname: str = ""
+    conv: Callable[[float], Any] | None = None
+    mig: bool = False
+    link: int = -1
 
 
-def samples_from_series(series: Iterable[Series], *, ts: dt.datetime,
-                        node: str | None = None,
-                        default_node: str = "unknown") -> tuple[list[GpuSample], dict[str, int]]:
-    """One ``GpuSample`` per GPU (by ``UUID``), and the last XID per GPU uuid (if exported).
+def meaning(name: str, labels: Mapping[str, str]) -> SeriesMeaning | None:
+    """The meaning of series ``name{labels}``; None for a series fleetcare does not map
+    or one without a GPU UUID."""
+    key = labels.get("UUID") or labels.get("gpu_uuid") or None
+    if key is None:
+        return None
+    try:
+        index = int(labels.get("gpu", "-1"))
+    except ValueError:
+        index = -1
+    base = SeriesMeaning(key=key, index=index, pci=labels.get("pci_bus_id", ""),
+                         model=labels.get("modelName") or labels.get("model_name", ""),
+                         host=labels.get("Hostname") or labels.get("hostname"), kind="none")
+    if name == XID_SERIES:
+        return replace(base, kind="xid")
+    mapped = FIELD_MAP.get(name)
+    if mapped is not None:
+        return replace(base, kind="field", fname=mapped[0], conv=mapped[1],
+                       mig="GPU_I_ID" in labels)
+    lane = _NVLINK_LANE.match(name)
+    stem, link = (lane.group(1), int(lane.group(2))) if lane else (name, None)
+    if stem in NVLINK_MAP:
+        if link is None and "nvlink" in labels:
+            link = int(labels["nvlink"])
+        if link is not None:
+            return replace(base, kind="link", fname=NVLINK_MAP[stem], link=link)
+    return base
 
-    ``node`` overrides the ``Hostname``/``hostname`` label; ``default_node`` is used when
-    neither is there.
-    """
+
+def gpu_samples(points: Iterable[tuple[SeriesMeaning, float]], *, ts: dt.datetime,
+                node: str | None = None, default_node: str = "unknown"
+                ) -> tuple[list[GpuSample], dict[str, int]]:
+    """``samples_from_series`` for values whose series' meanings are already known."""
     gpus: dict[str, _Gpu] = {}
-    for s in series:
-        key = _gpu_key(s.labels)
-        if key is None:
-            continue
-        g = gpus.get(key)
+    for m, value in points:
+        g = gpus.get(m.key)
         if g is None:
-            try:
-                index = int(s.labels.get("gpu", "-1"))
-            except ValueError:
-                index = -1
-            g = gpus[key] = _Gpu(
-                uuid=key, index=index, pci=s.labels.get("pci_bus_id", ""),
-                model=s.labels.get("modelName") or s.labels.get("model_name", ""),
-                host=s.labels.get("Hostname") or s.labels.get("hostname"),
-                fields={}, links={})
-        if is_blank(s.value):
+            g = gpus[m.key] = _Gpu(uuid=m.key, index=m.index, pci=m.pci, model=m.model,
+                                   host=m.host, fields={}, links={})
+        if is_blank(value):
             continue
-        mig = "GPU_I_ID" in s.labels
-        if s.name == XID_SERIES:
-            g.xid = int(s.value)
-            continue
-        mapped = FIELD_MAP.get(s.name)
-        if mapped is not None:
-            fname, conv = mapped
-            value = conv(s.value)
-            prev = g.fields.get(fname)
-            if prev is None or (prev[0] is False and not mig):
-                g.fields[fname] = (not mig, value)
-            elif fname == "fb_used_mib" and mig and prev[0] is False:
-                g.fields[fname] = (False, prev[1] + value)
-            continue
-        lane = _NVLINK_LANE.match(s.name)
-        base, link = (lane.group(1), int(lane.group(2))) if lane else (s.name, None)
-        if base in NVLINK_MAP:
-            if link is None and "nvlink" in s.labels:
-                link = int(s.labels["nvlink"])
-            if link is not None:
-                g.links.setdefault(NVLINK_MAP[base], {})[link] = int(s.value)
+        if m.kind == "field":
+            assert m.conv is not None
+            converted = m.conv(value)
+            prev = g.fields.get(m.fname)
+            if prev is None or (prev[0] is False and not m.mig):
+                g.fields[m.fname] = (not m.mig, converted)
+            elif m.fname == "fb_used_mib" and m.mig and prev[0] is False:
+                g.fields[m.fname] = (False, prev[1] + converted)
+        elif m.kind == "link":
+            g.links.setdefault(m.fname, {})[m.link] = int(value)
+        elif m.kind == "xid":
+            g.xid = int(value)
     samples: list[GpuSample] = []
     xids: dict[str, int] = {}
     for g in gpus.values():
@@ -289,6 +309,19 @@ def samples_from_series(series: Iterable[Series], *, ts: dt.datetime,
             xids[g.uuid] = g.xid
     samples.sort(key=lambda s: (s.gpu_index, s.gpu_uuid))
     return samples, xids
+
+
+def samples_from_series(series: Iterable[Series], *, ts: dt.datetime,
+                        node: str | None = None,
+                        default_node: str = "unknown") -> tuple[list[GpuSample], dict[str, int]]:
+    """One ``GpuSample`` per GPU (by ``UUID``), and the last XID per GPU uuid (if exported).
+
+    ``node`` overrides the ``Hostname``/``hostname`` label; ``default_node`` is used when
+    neither is there.
+    """
+    points = ((m, s.value) for s in series
+              if (m := meaning(s.name, s.labels)) is not None)
+    return gpu_samples(points, ts=ts, node=node, default_node=default_node)
 
 
 # -- backend ----------------------------------------------------------------------------

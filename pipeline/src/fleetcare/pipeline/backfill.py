@@ -48,8 +48,9 @@ from fleetcare.collectors.dcgm_exporter import (
     FIELD_MAP,
     NVLINK_MAP,
     Fetch,
-    Series,
-    samples_from_series,
+    SeriesMeaning,
+    gpu_samples,
+    meaning,
     urllib_fetch,
 )
 from fleetcare.pipeline.store import Store
@@ -232,20 +233,28 @@ def samples_from_matrix(results: list[list[dict[str, Any]]], *,
     """``GpuSample`` rows from the matrices of several metrics, one row per (GPU, ts).
 
     ``node_label``: the label naming the node (default: dcgm-exporter's ``Hostname``).
+    Each series' meaning (GPU, field) is worked out once, not once per point.
     """
-    by_ts: dict[float, list[Series]] = {}
+    by_ts: dict[float, list[tuple[SeriesMeaning, float]]] = {}
     for result in results:
         for entry in result:
             labels = dict(entry.get("metric") or {})
             name = labels.pop("__name__", "")
             if node_label and node_label in labels:
                 labels["Hostname"] = labels[node_label]
+            m = meaning(name, labels)
+            if m is None:
+                continue
             for t, v in entry.get("values") or ():
-                by_ts.setdefault(float(t), []).append(Series(name, labels, float(v)))
+                point = (m, float(v))
+                got = by_ts.get(t)
+                if got is None:
+                    by_ts[t] = [point]
+                else:
+                    got.append(point)
     out: list[GpuSample] = []
-    for t in sorted(by_ts):
-        ts = dt.datetime.fromtimestamp(t, dt.UTC)
-        samples, _ = samples_from_series(by_ts[t], ts=ts)
+    for t in sorted(by_ts, key=float):
+        samples, _ = gpu_samples(by_ts[t], ts=dt.datetime.fromtimestamp(float(t), dt.UTC))
         out.extend(samples)
     return out
 
