@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
 import random
 import signal
 import time
 import uuid
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -197,3 +199,25 @@ def test_two_lake_workers_sigkill_five_times_every_record_exactly_once(
     assert_exactly_once(con, expected(nodes, seqs), LAKE_VIEWS)
     writers = {p.name.rsplit("-", 1)[0] for p in (lake / "telemetry").rglob("date=*/*/*.parquet")}
     assert len(writers) >= 2  # each process wrote its own files
+
+
+def test_two_workers_creating_one_lake_at_once_do_not_collide(tmp_path: Path, monkeypatch) -> None:
+    """Both see no schema file and write it; the second's rename lands between the
+    first's write and rename (the race two ingest workers started together hit)."""
+    from fleetcare.pipeline import lake as lake_mod
+
+    real_replace = os.replace
+    raced: list[Path] = []
+
+    def replace(src, dst):  # the other worker gets in first, once per file
+        if Path(dst).name == SCHEMA_FILE and Path(dst) not in raced:
+            raced.append(Path(dst))
+            lake_mod.write_atomic(pa.table({"x": [1]}), Path(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(lake_mod.os, "replace", replace)
+    lake_mod.ensure_layout(tmp_path)
+    assert len(raced) == len(TABLES)
+    for t in TABLES.values():
+        assert pq.read_schema(tmp_path / t.name / SCHEMA_FILE) == t.schema
+    assert not list(tmp_path.rglob("*.tmp"))

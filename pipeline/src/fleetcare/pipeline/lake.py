@@ -84,12 +84,17 @@ def new_worker_id() -> str:
 def write_atomic(table: pa.Table, path: Path) -> None:
     """Write ``table`` to ``path`` so that a reader sees the whole file or nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        pq.write_table(table, f, compression=COMPRESSION)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    # a name of its own: two workers starting on one lake both write _schema.parquet
+    tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            pq.write_table(table, f, compression=COMPRESSION)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     fsync_dir(path.parent)
 
 
