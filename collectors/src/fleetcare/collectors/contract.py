@@ -23,7 +23,7 @@ Exceptions::
 from __future__ import annotations
 
 import datetime as dt
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -220,19 +220,28 @@ def decode_batch(raw: bytes, fmt: WireFormat | None = None) -> Batch:
     dec, ver = (
         (_json_batch, _json_version) if fmt == "json" else (_msgpack_batch, _msgpack_version)
     )
+    try:  # one pass for a good batch; the version alone only to say why one is not
+        batch = dec.decode(raw)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        _check_version(ver, raw, fmt)
+        raise DecodeError(f"invalid batch ({fmt}): {exc}", raw) from exc
+    _check_version_number(batch.schema_version, raw)
+    return batch
+
+
+def _check_version(ver: Any, raw: bytes, fmt: str) -> None:
     try:
         version = ver.decode(raw).schema_version
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DecodeError(f"not a fleetcare batch ({fmt}): {exc}", raw) from exc
+    _check_version_number(version, raw)
+
+
+def _check_version_number(version: int, raw: bytes) -> None:
     if version > SCHEMA_VERSION:
         raise SchemaVersionError(version, raw)
     if version < 1:
         raise DecodeError(f"schema_version {version} is not a valid version (>= 1)", raw)
-    try:
-        batch = dec.decode(raw)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise DecodeError(f"invalid batch ({fmt}): {exc}", raw) from exc
-    return batch
 
 
 def sample_fields() -> tuple[msgspec.structs.FieldInfo, ...]:

@@ -427,7 +427,7 @@ class Validator:
             if v is None or name in nonfinite:
                 continue
             bounds = getattr(lim, attr)
-            if not _in(v, bounds):
+            if not bounds[0] <= v <= bounds[1]:
                 p.append((code, f"{name} = {v!r} is outside the allowed range "
                                 f"{bounds[0]:g}..{bounds[1]:g}{' ' + unit if unit else ''}"))
         if s.fb_used_mib is not None and s.fb_total_mib is not None \
@@ -463,8 +463,8 @@ class Validator:
                 p.append(("nvlink_too_many_links",
                           f"{name} has {len(values)} entries; at most "
                           f"{self.limits.max_nvlinks} links are allowed"))
-            if name == "nvlink_up":
-                continue
+            if name == "nvlink_up" or not values or min(values) >= 0:
+                continue  # (min in C: the per-link loop only when one is negative)
             for i, v in enumerate(values):
                 if v < 0:
                     p.append(("negative_counter", f"{name}[{i}] = {v!r} is negative; "
