@@ -18,6 +18,8 @@ Routes (scope needed; see ``fleetcare.api.auth``)::
     GET /v1/nodes/{n}          read   one node: score, reasons, labels, per-GPU detail
     GET /v1/gpus/{uuid}        read   one GPU: score, reasons, latest telemetry
     GET /v1/drain-candidates   read   nodes whose expected goodput saved > drain cost
+    GET /v1/drains             read   the drains fleetcare holds
+    POST /v1/drains/{n}/clear  admin  an operator cleared a drained node (resume it)
     GET /v1/alerts             read   the alerts engine's alerts, newest first
     GET /v1/model              read   the current model (registry row)
     POST /v1/incidents         write  report a failure or repair (labels for the next model)
@@ -51,9 +53,12 @@ from fleetcare.api import dashboard, metrics, queries
 from fleetcare.api.schemas import (
     AlertList,
     DrainCandidates,
+    DrainClearIn,
+    DrainClearOut,
     ErrorDetail,
     GpuInfo,
     Health,
+    HeldDrains,
     IncidentIn,
     IncidentOut,
     ModelInfo,
@@ -210,8 +215,11 @@ def _ensure_api_tables(store: Store, auth: bool) -> None:
 
 
 def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = time.time,
-               simulated: bool | None = None) -> FastAPI:
+               simulated: bool | None = None, drains: Any = None) -> FastAPI:
     """The API over ``store``.
+
+    ``drains``: the service's ``DrainController``, for ``POST /v1/drains/{node}/clear``
+    (the database has one writer: while ``serve`` runs, operators clear drains here).
 
     ``auth``: require bearer tokens (see ``fleetcare.api.auth``); ``auth=False`` is for
     loopback-only use (``fleetcare serve --no-auth``, the demo, tests). ``clock`` gives
@@ -417,6 +425,40 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
                  inc.cause, created)
         return {**msgspec.structs.asdict(inc), "ts": queries.iso_z(inc.ts),
                 "created": created}
+
+    @app.get("/v1/drains", response_model=HeldDrains, tags=["drains"], dependencies=READ,
+             responses=_AUTH_ERRORS)
+    def held_drains(cur: Cur) -> Any:
+        """The drains fleetcare holds (made and not given back yet), by node."""
+        return {"drains": queries.held_drains(cur, queries.existing_tables(cur))}
+
+    @app.post("/v1/drains/{node}/clear", response_model=DrainClearOut, tags=["drains"],
+              responses={404: {"model": ErrorDetail, "description": "Not drained by fleetcare."},
+                         409: {"model": ErrorDetail,
+                               "description": "This server runs no drain controller."},
+                         **_BODY_ERRORS})
+    def clear_drain(
+        node: Annotated[str, Path(min_length=1, max_length=256,
+                                  pattern=r"^[^\x00-\x1f\x7f]+$")],
+        token: Annotated[_auth.TokenInfo | None, Depends(_auth.require("admin"))],
+        body: Annotated[DrainClearIn, Body()] = DrainClearIn(note="", force=False),  # noqa: B008
+    ) -> Any:
+        """An operator clears a node fleetcare drained (admin): it is resumed now if its
+        risk is below the resume threshold (or with ``force``), else once it is. The same
+        as ``fleetcare drain clear``, for while ``serve`` holds the database."""
+        from fleetcare.api.drains.controller import ControllerError
+
+        if drains is None:
+            raise HTTPException(status_code=409, detail=(
+                "this server runs no drain controller: start it with `fleetcare serve "
+                "--drain-scheduler slurm|kubernetes`, or stop it and use `fleetcare drain "
+                "clear` on the database"))
+        who = "api" if token is None else f"api:{token.name or token.id}"
+        try:
+            decisions = drains.clear(node, actor=who, note=body.note, force=body.force)
+        except ControllerError as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from None
+        return {"dry_run": drains.dry_run, "decisions": [d.to_json() for d in decisions]}
 
     @app.get("/v1/alerts", response_model=AlertList, tags=["alerts"], dependencies=READ,
              responses=_AUTH_ERRORS)

@@ -198,13 +198,14 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
         consumer = EmbeddedConsumer.from_url(args.bus)
     from fleetcare.api.alerts import AlertEngine, load_config
 
+    drains = _drain_controller(store, args.drain_scheduler, args.drain_execute)
     svc = Service(store, consumer=consumer, score_every_s=parse_duration(args.score_every),
                   alerts=AlertEngine.from_config(store, load_config(args.config)),
-                  drains=_drain_controller(store, args.drain_scheduler, args.drain_execute))
+                  drains=drains)
     svc.start()
     try:
         serve(store, host=host, port=args.port or cfg.port,
-              app=create_app(store, auth=not args.no_auth))
+              app=create_app(store, auth=not args.no_auth, drains=drains))
     finally:
         svc.stop()
         store.close()

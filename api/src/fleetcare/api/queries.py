@@ -370,6 +370,18 @@ def alerts(cur: Cursor, tables: set[str], *, state: str | None = None,
     return out
 
 
+def held_drains(cur: Cursor, tables: set[str]) -> list[dict[str, Any]]:
+    """The ``drains`` rows fleetcare still holds (not resumed), by node."""
+    if "drains" not in tables:
+        return []
+    rows = cur.execute(
+        "SELECT node, scheduler, drained_at, review_at, risk, reason, cleared_at, cleared_by "
+        "FROM drains WHERE resumed_at IS NULL ORDER BY node").fetchall()
+    return [{"node": r[0], "scheduler": r[1], "drained_at": iso_z(r[2]),
+             "review_at": iso_z(r[3]), "risk": finite(r[4]), "reason": r[5],
+             "cleared_at": iso_z(r[6]), "cleared_by": r[7]} for r in rows]
+
+
 def drain_stats(cur: Cursor, tables: set[str], now: dt.datetime) -> dict[str, Any]:
     """What the drain controller holds and has done (``drains`` / ``drain_audit``).
 

@@ -244,6 +244,47 @@ class DrainCandidates(BaseModel):
     scored_at: IsoTime | None
 
 
+# -- drains ---------------------------------------------------------------------------------
+class HeldDrain(BaseModel):
+    node: str
+    scheduler: str = Field(description="slurm or kubernetes.")
+    drained_at: IsoTime
+    review_at: IsoTime = Field(description="When it escalates if nobody cleared it.")
+    risk: float | None = Field(description="Node risk when it was drained.")
+    reason: str | None = Field(description="The reason given to the scheduler.")
+    cleared_at: IsoTime | None = Field(description="When an operator cleared it (it is "
+                                       "resumed once its risk is low, or at once if forced).")
+    cleared_by: str | None
+
+
+class HeldDrains(BaseModel):
+    drains: list[HeldDrain] = Field(description="Drains fleetcare holds, by node.")
+
+
+class DrainClearIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: str = Field("", max_length=1000,
+                      description="What was done (audited), e.g. 'reseated GPU 3'.")
+    force: bool = Field(False, description="Resume now whatever the risk (after a repair "
+                        "the model's 7-day windows still remember the old errors).")
+
+
+class DrainDecision(BaseModel):
+    node: str
+    action: str = Field(description="clear, then resume when the node is resumed.")
+    risk: float | None
+    expected_saving_gpu_h: float | None
+    reason: str
+    result: str = Field(description="ok, dry-run, error: ... (as the audit log).")
+    actor: str
+
+
+class DrainClearOut(BaseModel):
+    dry_run: bool = Field(description="The server's drain controller only audits.")
+    decisions: list[DrainDecision]
+
+
 class Alert(BaseModel):
     id: str | None
     node: str | None

@@ -2,13 +2,17 @@
 
     fleetcare drain --db PATH [--dry-run | --execute] [--scheduler slurm|kubernetes] [--json]
     fleetcare drain clear NODE --db PATH [--force] [--note TEXT] [--execute]
+    fleetcare drain clear NODE --api URL [--token TOKEN] [--force] [--note TEXT]
     fleetcare drain audit --db PATH [--node NODE] [--limit 50] [--json]
 
 Dry-run is the default: the scheduler is asked for node states, nothing is changed, and
 the decisions are written to the audit log marked ``dry_run``. ``clear`` records that an
 operator inspected a drained node; the node is resumed (now with --execute, else by the
 next executing controller run) once its risk is below the resume threshold, or at once
-with --force. See ``fleetcare.api.drains`` for the rules and safety rails.
+with --force. While ``fleetcare serve`` runs it holds the database (DuckDB has one writer):
+clear through its API instead, ``--api http://HOST:8000`` with an admin token (``--token``
+or ``FLEETCARE_TOKEN``); the server's own drain controller then decides. See
+``fleetcare.api.drains`` for the rules and safety rails.
 """
 
 from __future__ import annotations
@@ -74,6 +78,11 @@ def add_parser(subparsers: Any) -> None:
                    help="resume whatever the current risk (e.g. after a GPU swap)")
     c.add_argument("--note", default="", help="why, for the audit log")
     c.add_argument("--by", default=None, help="who (default: $SUDO_USER or the login name)")
+    c.add_argument("--api", default=None, metavar="URL",
+                   help="clear through a running `fleetcare serve` (e.g. http://host:8000) "
+                        "instead of the database it holds")
+    c.add_argument("--token", default=None,
+                   help="admin bearer token for --api (default: $FLEETCARE_TOKEN)")
     _common(c, sub=True)
     a = sub.add_parser("audit", help="show the drain audit log, newest first")
     a.add_argument("--node", default=None)
@@ -118,9 +127,19 @@ def _operator() -> str:
 def run(args: argparse.Namespace, cfg: Any) -> int:
     from fleetcare.api.cli import _existing_db
     from fleetcare.api.drains.audit import AuditLog
-    from fleetcare.pipeline.store import Store
+    from fleetcare.pipeline.store import Store, StoreError
 
-    store = Store(_existing_db(args.db or cfg.db))
+    if args.drain_command == "clear" and args.api:
+        return _clear_via_api(args)
+    try:
+        store = Store(_existing_db(args.db or cfg.db))
+    except StoreError as exc:
+        from fleetcare.api.cli import CliError
+
+        hint = (f" To clear while `fleetcare serve` runs: fleetcare drain clear {args.node} "
+                "--api http://HOST:8000 --token ADMIN_TOKEN" if args.drain_command == "clear"
+                else "")
+        raise CliError(f"{exc}{hint}") from None
     try:
         if args.drain_command == "audit":
             rows = AuditLog(store).rows(node=args.node, limit=args.limit)
@@ -152,6 +171,44 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         return 0
     finally:
         store.close()
+
+
+def _clear_via_api(args: argparse.Namespace) -> int:
+    """POST /v1/drains/{node}/clear on a running server; prints what it decided."""
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from fleetcare.api.cli import CliError
+
+    token = args.token or os.environ.get("FLEETCARE_TOKEN")
+    url = (f"{args.api.rstrip('/')}/v1/drains/"
+           f"{urllib.parse.quote(args.node, safe='')}/clear")
+    body = json.dumps({"note": args.note or (f"cleared by {args.by}" if args.by else ""),
+                       "force": args.force}).encode()
+    req = urllib.request.Request(url, data=body, method="POST", headers={
+        "Content-Type": "application/json",
+        **({"Authorization": f"Bearer {token}"} if token else {})})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
+            doc = json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read()).get("detail")
+        except ValueError:
+            detail = None
+        hint = (" (an admin token: --token or FLEETCARE_TOKEN; `fleetcare tokens create "
+                "--scope admin`)" if exc.code in (401, 403) else "")
+        raise CliError(f"{url}: HTTP {exc.code}: {detail or exc.reason}{hint}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        raise CliError(f"cannot reach {args.api}: {getattr(exc, 'reason', exc)}; is "
+                       "`fleetcare serve` running there?") from None
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        for d in doc["decisions"]:
+            print(f"{d['node']}: {d['action']} ({d['result']}) - {d['reason']}")
+    return 0
 
 
 def _print_report(r: Any) -> None:

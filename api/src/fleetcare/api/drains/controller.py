@@ -35,6 +35,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -159,6 +160,8 @@ class DrainController:
         self.health_check = health_check
         self.on_escalate = on_escalate
         self.clock = clock
+        # the service loop's run_once and an operator's clear (API thread) take turns
+        self._lock = threading.RLock()
 
     @property
     def resume_below(self) -> float:
@@ -183,7 +186,10 @@ class DrainController:
     def run_once(self, now: dt.datetime | None = None) -> RunReport:
         """One decision round at ``now`` (default: the clock). Never raises for one node's
         scheduler error: it is audited as ``error: ...`` and the round goes on."""
-        now = self._now(now)
+        with self._lock:
+            return self._run_once(self._now(now))
+
+    def _run_once(self, now: dt.datetime) -> RunReport:
         scores_ts, scores = _latest_scores(self.store)
         budget = self.breaker.budget(now, len(scores))
         decisions: list[Decision] = []
@@ -325,7 +331,11 @@ class DrainController:
         """An operator clears a drained node: it is resumed now when its risk is below
         ``resume_below`` (or with ``force``), else at a later run once it is. Recorded
         even in dry-run (it changes no scheduler); the resume itself obeys dry-run."""
-        now = self._now(now)
+        with self._lock:
+            return self._clear(node, actor=actor, note=note, force=force, now=self._now(now))
+
+    def _clear(self, node: str, *, actor: str, note: str, force: bool, now: dt.datetime
+               ) -> list[Decision]:
         held = self.audit.active().get(node)
         if held is None:
             raise ControllerError(node, f"{node} is not drained by fleetcare, nothing to clear "
