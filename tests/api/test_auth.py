@@ -171,3 +171,41 @@ def test_serve_no_auth_refuses_a_non_loopback_address(capsys):
 ])
 def test_is_loopback(host, ok):
     assert auth.is_loopback(host) is ok
+
+
+def test_tokens_are_managed_through_the_api_while_the_server_holds_the_db(
+        secured, store, tokens, capsys):
+    from fleetcare.api.cli import main
+
+    url = str(secured.base_url)
+    admin = tokens("admin", name="root")
+    read = tokens("read")
+    # the API: admin only
+    assert secured.get("/v1/tokens", headers=bearer(read)).status_code == 403
+    r = secured.post("/v1/tokens", json={"scope": "read", "name": "slurm-prolog"},
+                     headers=bearer(admin))
+    assert r.status_code == 201 and r.json()["token"].startswith("fc_")
+    new, new_id = r.json()["token"], r.json()["id"]
+    assert secured.get("/v1/risk", headers=bearer(new)).status_code == 200
+    listed = secured.get("/v1/tokens", headers=bearer(admin)).json()["tokens"]
+    assert [t["name"] for t in listed][-1] == "slurm-prolog"
+    assert all("token" not in t and "hash" not in t for t in listed)
+    r = secured.post(f"/v1/tokens/{new_id}/revoke", headers=bearer(admin))
+    assert r.status_code == 200 and r.json()["revoked_at"]
+    assert secured.get("/v1/risk", headers=bearer(new)).status_code == 401  # at once
+    assert secured.post("/v1/tokens/tok_nope/revoke", headers=bearer(admin)).status_code == 404
+    assert secured.post("/v1/tokens", json={"scope": "root"},
+                        headers=bearer(admin)).status_code == 422
+    # the CLI, through the API
+    assert main(["tokens", "create", "--scope", "write", "--name", "ci", "--api", url,
+                 "--token", admin, "--json"]) == 0
+    made = json.loads(capsys.readouterr().out)
+    assert made["scope"] == "write" and made["token"].startswith("fc_")
+    assert main(["tokens", "list", "--api", url, "--token", admin, "--json"]) == 0
+    assert made["id"] in {t["id"] for t in json.loads(capsys.readouterr().out)}
+    assert main(["tokens", "revoke", made["id"], "--api", url, "--token", admin]) == 0
+    assert f"revoked {made['id']} (scope write)" in capsys.readouterr().out
+    assert main(["tokens", "list", "--api", url, "--token", read]) == 1
+    assert "HTTP 403" in capsys.readouterr().err
+    assert main(["tokens", "list"]) == 2  # neither --db nor --api
+    assert "--db PATH" in capsys.readouterr().err

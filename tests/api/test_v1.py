@@ -203,3 +203,13 @@ def test_alerts_reads_the_alerts_table(client, store):
 def test_metrics_keeps_the_node_risk_gauge(client, fleet):
     fleet.node_score("n1", 0.25)
     assert 'fleetcare_node_failure_risk{node="n1"} 0.25' in client.get("/metrics").text
+
+
+def test_an_unknown_query_parameter_is_named_not_ignored(client):
+    r = client.get("/v1/risk", params={"limt": "5"})
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["loc"] == ["query", "limt"]
+    assert "GET /v1/risk takes: gpu_model, label, limit, min_risk, offset, partition" in (
+        r.json()["message"])
+    assert client.get("/v1/risk", params={"limit": "5"}).status_code == 200
+    assert client.get("/healthz", params={"verbose": "1"}).status_code == 422

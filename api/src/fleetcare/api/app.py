@@ -20,13 +20,16 @@ Routes (scope needed; see ``fleetcare.api.auth``)::
     GET /v1/drain-candidates   read   nodes whose expected goodput saved > drain cost
     GET /v1/drains             read   the drains fleetcare holds
     POST /v1/drains/{n}/clear  admin  an operator cleared a drained node (resume it)
+    GET/POST /v1/tokens        admin  list / create API tokens (the value is shown once)
+    POST /v1/tokens/{id}/revoke admin revoke a token (at once on this server)
     GET /v1/alerts             read   the alerts engine's alerts, newest first
     GET /v1/model              read   the current model (registry row)
     POST /v1/incidents         write  report a failure or repair (labels for the next model)
     PUT /v1/nodes/{n}/labels   admin  set a node's labels (partition, rack, ...)
 
 Errors: 401 (no or unknown token, with ``WWW-Authenticate: Bearer``), 403 (naming the
-scope needed), 404, 422 (``message`` plus ``detail[].loc`` naming each bad field), 503
+scope needed), 404, 422 (``message`` plus ``detail[].loc`` naming each bad field, also a
+query parameter the endpoint does not take), 503
 (the database could not answer). Every error body has a human-readable message.
 """
 
@@ -66,6 +69,10 @@ from fleetcare.api.schemas import (
     NodeLabels,
     NodeLabelsOut,
     RiskList,
+    TokenCreated,
+    TokenIn,
+    TokenList,
+    TokenOut,
 )
 from fleetcare.api.server import bound_port, serve, start_server_thread
 from fleetcare.models.goodput import CostModel, GoodputError
@@ -128,6 +135,27 @@ def _validation_body(exc: RequestValidationError) -> dict[str, Any]:
     if len(items) > 1:
         msg += f" (and {len(items) - 1} more in detail)"
     return {"message": msg, "detail": jsonable_encoder(items)}
+
+
+def _known_query_parameters(request: Request) -> None:
+    """422 for a query parameter the endpoint does not take: ``?limt=5`` silently meaning
+    "no limit" is worse than an error naming the parameters it does take. The names come
+    from the app's own OpenAPI spec, the contract (routes outside it are not checked)."""
+    if not request.query_params:
+        return
+    route = request.scope.get("route")
+    path = getattr(route, "path_format", None)
+    op = (request.app.openapi().get("paths", {}).get(path, {})
+          .get(request.method.lower()) if path else None)
+    if op is None:
+        return
+    known = {p["name"] for p in op.get("parameters", []) if p.get("in") == "query"}
+    unknown = [k for k in dict.fromkeys(request.query_params.keys()) if k not in known]
+    if unknown:
+        takes = ", ".join(sorted(known)) or "none"
+        raise _invalid(["query", unknown[0]], f"unknown query parameter {unknown[0]!r}; "
+                       f"{request.method} {path} takes: {takes}",
+                       request.query_params.get(unknown[0]))
 
 
 def _labels(label: list[str], partition: str | None) -> list[tuple[str, str]]:
@@ -233,6 +261,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
         description=DESCRIPTION,
         version=version,
         docs_url=None,  # served below from the packaged Swagger UI: no CDN, works offline
+        dependencies=[Depends(_known_query_parameters)],
     )
     app.state.store = store
     app.state.auth = auth
@@ -425,6 +454,36 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
                  inc.cause, created)
         return {**msgspec.structs.asdict(inc), "ts": queries.iso_z(inc.ts),
                 "created": created}
+
+    @app.get("/v1/tokens", response_model=TokenList, tags=["tokens"], dependencies=ADMIN,
+             responses=_AUTH_ERRORS)
+    def list_tokens(cur: Cur) -> Any:
+        """Every API token, oldest first (admin); their values are never shown."""
+        return {"tokens": [t.as_json() for t in _auth.list_tokens(cur)]}
+
+    @app.post("/v1/tokens", response_model=TokenCreated, status_code=201, tags=["tokens"],
+              dependencies=ADMIN, responses=_BODY_ERRORS)
+    def create_token(body: TokenIn, cur: Cur) -> Any:
+        """A new token (admin), returned this once: only its SHA-256 is stored. The same
+        as ``fleetcare tokens create``, for while ``serve`` holds the database."""
+        token, info = _auth.create_token(cur, body.scope, name=body.name)
+        log.info("api.token_created id=%s scope=%s name=%s", info.id, info.scope, info.name)
+        return {**info.as_json(), "token": token}
+
+    @app.post("/v1/tokens/{token_id}/revoke", response_model=TokenOut, tags=["tokens"],
+              dependencies=ADMIN,
+              responses={404: {"model": ErrorDetail, "description": "No such token."},
+                         **_AUTH_ERRORS})
+    def revoke_token(token_id: Annotated[str, Path(min_length=1, max_length=64)],
+                     cur: Cur) -> Any:
+        """Revoke a token (admin); it stops working at once on this server."""
+        try:
+            info = _auth.revoke_token(cur, token_id)
+        except _auth.TokenError as exc:
+            raise HTTPException(status_code=404, detail=str(exc)) from None
+        app.state.token_cache.clear()
+        log.info("api.token_revoked id=%s scope=%s", info.id, info.scope)
+        return info.as_json()
 
     @app.get("/v1/drains", response_model=HeldDrains, tags=["drains"], dependencies=READ,
              responses=_AUTH_ERRORS)

@@ -244,6 +244,34 @@ class DrainCandidates(BaseModel):
     scored_at: IsoTime | None
 
 
+# -- tokens ---------------------------------------------------------------------------------
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    scope: Literal["read", "write", "admin"] = Field(
+        description="read (schedulers, dashboards) < write (incident reports) < admin.")
+    name: Annotated[str, StringConstraints(min_length=1, max_length=128,
+                                           pattern=r"^[^\x00-\x1f\x7f]+$")] | None = Field(
+        None, description="Who or what uses it, e.g. slurm-prolog.")
+
+
+class TokenOut(BaseModel):
+    id: str
+    name: str | None
+    scope: str
+    created_at: IsoTime
+    revoked_at: IsoTime | None
+
+
+class TokenCreated(TokenOut):
+    token: str = Field(description="The bearer token, shown this once (only its SHA-256 "
+                       "is stored).")
+
+
+class TokenList(BaseModel):
+    tokens: list[TokenOut] = Field(description="Oldest first; values are never shown.")
+
+
 # -- drains ---------------------------------------------------------------------------------
 class HeldDrain(BaseModel):
     node: str

@@ -175,34 +175,11 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
 
 def _clear_via_api(args: argparse.Namespace) -> int:
     """POST /v1/drains/{node}/clear on a running server; prints what it decided."""
-    import urllib.error
-    import urllib.parse
-    import urllib.request
+    from fleetcare.api.http_client import call, quote
 
-    from fleetcare.api.cli import CliError
-
-    token = args.token or os.environ.get("FLEETCARE_TOKEN")
-    url = (f"{args.api.rstrip('/')}/v1/drains/"
-           f"{urllib.parse.quote(args.node, safe='')}/clear")
-    body = json.dumps({"note": args.note or (f"cleared by {args.by}" if args.by else ""),
-                       "force": args.force}).encode()
-    req = urllib.request.Request(url, data=body, method="POST", headers={
-        "Content-Type": "application/json",
-        **({"Authorization": f"Bearer {token}"} if token else {})})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:  # noqa: S310
-            doc = json.loads(resp.read())
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read()).get("detail")
-        except ValueError:
-            detail = None
-        hint = (" (an admin token: --token or FLEETCARE_TOKEN; `fleetcare tokens create "
-                "--scope admin`)" if exc.code in (401, 403) else "")
-        raise CliError(f"{url}: HTTP {exc.code}: {detail or exc.reason}{hint}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise CliError(f"cannot reach {args.api}: {getattr(exc, 'reason', exc)}; is "
-                       "`fleetcare serve` running there?") from None
+    doc = call(args.api, "POST", f"/v1/drains/{quote(args.node)}/clear", token=args.token,
+               body={"note": args.note or (f"cleared by {args.by}" if args.by else ""),
+                     "force": args.force})
     if args.json:
         print(json.dumps(doc))
     else:
