@@ -102,9 +102,8 @@ def _compact(table: pa.Table) -> pa.Table:
     return pa.table(cols, names=names)
 
 
-def load_fleet(store: Any, cfg: EvalConfig, *, cal_start_frac: float | None = None,
-               whole: bool = False, say: Progress = lambda _m: None,
-               shard: str = "") -> Fleet:
+def load_fleet(store: Any, cfg: EvalConfig, *, whole: bool = False,
+               say: Progress = lambda _m: None, shard: str = "") -> Fleet:
     """Features + labels of one store and its split. ``shard`` (e.g. ``"2/"``) is put in
     front of every node name, so that shards of one fleet never share a node."""
     from fleetcare.pipeline import features, labels
@@ -162,9 +161,8 @@ def node_scores(table: pa.Table, mask: np.ndarray, p: np.ndarray,
     kmask = (np.ones(int(mask.sum()), dtype=bool) if labeled is None
              else np.asarray(labeled, dtype=bool)[mask])
     ts, node = T.ts_column(sub), T._str(sub, "node")
-    nts, nnode, risk = M.node_risk(ts, node, p)
-    return NodeScores(nts, nnode, risk, M.node_any(ts, node, T._bool(sub, "node_label")),
-                      M.node_any(ts, node, kmask))
+    g = M.node_groups(ts, node)
+    return NodeScores(g.ts, g.node, g.risk(p), g.any(T._bool(sub, "node_label")), g.any(kmask))
 
 
 def _rows(fleets: Sequence[Fleet], mask: str) -> pa.Table:
@@ -181,11 +179,6 @@ def _fit_model(fleets: Sequence[Fleet], cfg: EvalConfig) -> Any:
     model = FailureModel(horizon_h=cfg.horizon_h, seed=cfg.seed, **hyper)
     return model.fit(train, T._bool(train, "label"), X_cal=cal, y_cal=T._bool(cal, "label"),
                      feature_names=names)
-
-
-def _predict(model: Any, table: pa.Table, mask: np.ndarray) -> np.ndarray:
-    sub = table.filter(pa.array(mask))
-    return model.predict_proba(sub)[:, 1] if sub.num_rows else np.zeros(0)
 
 
 def _period(fleets: Sequence[Fleet], mask: str, every_s: int

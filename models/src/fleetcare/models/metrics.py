@@ -53,38 +53,49 @@ def json_float(x: Any) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _node_groups(ts: np.ndarray, node: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Row order by (node, ts) and the start of each (ts, node) group in that order."""
+@dataclass(frozen=True, slots=True)
+class NodeGroups:
+    """GPU rows grouped per (ts, node), sorted by node then ts: the one sort that
+    ``risk`` and ``any`` share (``node_groups``)."""
+
+    order: np.ndarray  # GPU rows in (node, ts) order
+    starts: np.ndarray  # where each (ts, node) group starts in that order
+    ts: np.ndarray  # per group
+    node: np.ndarray  # per group
+
+    def risk(self, p_gpu: np.ndarray) -> np.ndarray:
+        """Per group: ``1 - prod(1 - p)`` over its GPUs."""
+        if len(self.order) == 0:
+            return np.zeros(0)
+        with np.errstate(divide="ignore"):
+            logq = np.log1p(-np.clip(np.asarray(p_gpu, dtype=np.float64)[self.order], 0.0, 1.0))
+        return 1.0 - np.exp(np.add.reduceat(logq, self.starts))
+
+    def any(self, flag: np.ndarray) -> np.ndarray:
+        """Per group: is ``flag`` true on any of its GPU rows."""
+        if len(self.order) == 0:
+            return np.zeros(0, dtype=bool)
+        return np.logical_or.reduceat(np.asarray(flag, dtype=bool)[self.order], self.starts)
+
+
+def node_groups(ts: np.ndarray, node: np.ndarray) -> NodeGroups:
+    """The (ts, node) groups of GPU rows, sorted by node, then ts."""
+    node = np.asarray(node, dtype=object)
+    ts = np.asarray(ts)
     keys = np.array([f"{n}\x00" for n in node], dtype=object)
     order = np.lexsort((ts, keys))
     ts_s, node_s = ts[order], node[order]
     new = np.ones(len(order), dtype=bool)
     new[1:] = (node_s[1:] != node_s[:-1]) | (ts_s[1:] != ts_s[:-1])
-    return order, np.flatnonzero(new)
+    starts = np.flatnonzero(new)
+    return NodeGroups(order, starts, ts_s[starts], node_s[starts])
 
 
 def node_risk(ts: np.ndarray, node: np.ndarray, p_gpu: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per (ts, node): ``1 - prod(1 - p)``; returns (ts, node, risk) sorted by node, ts."""
-    node = np.asarray(node, dtype=object)
-    ts = np.asarray(ts)
-    if len(ts) == 0:
-        return ts[:0], node[:0], np.zeros(0)
-    order, starts = _node_groups(ts, node)
-    with np.errstate(divide="ignore"):
-        logq = np.log1p(-np.clip(np.asarray(p_gpu, dtype=np.float64)[order], 0.0, 1.0))
-    sums = np.add.reduceat(logq, starts)
-    return ts[order][starts], node[order][starts], 1.0 - np.exp(sums)
-
-
-def node_any(ts: np.ndarray, node: np.ndarray, flag: np.ndarray) -> np.ndarray:
-    """Per (ts, node), in ``node_risk``'s order: is ``flag`` true on any of its GPU rows."""
-    node = np.asarray(node, dtype=object)
-    ts = np.asarray(ts)
-    if len(ts) == 0:
-        return np.zeros(0, dtype=bool)
-    order, starts = _node_groups(ts, node)
-    return np.logical_or.reduceat(np.asarray(flag, dtype=bool)[order], starts)
+    g = node_groups(ts, node)
+    return g.ts, g.node, g.risk(p_gpu)
 
 
 @dataclass(frozen=True, slots=True)

@@ -250,13 +250,13 @@ def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_
     known = labeled[mask]
     y = _bool(test, "label")
     ts, node = ts_column(test), _str(test, "node")
-    nts, nnode, risk = M.node_risk(ts, node, p)
+    g = M.node_groups(ts, node)
     # node_label per (ts, node): any GPU row of the node says so (they agree by definition)
-    node_label = M.node_any(ts, node, _bool(test, "node_label"))
-    node_known = M.node_any(ts, node, known)  # depends on ts only: any GPU row = all
-    node_days = len(nts) * every_s / 86400.0
+    node_label = g.any(_bool(test, "node_label"))
+    node_known = g.any(known)  # depends on ts only: any GPU row = all
+    node_days = len(g.ts) * every_s / 86400.0
     failures = _failures(table, mask)
-    out = M.node_metrics(nts, nnode, risk, node_label, failures, window_h, node_days,
+    out = M.node_metrics(g.ts, g.node, g.risk(p), node_label, failures, window_h, node_days,
                          labeled=node_known, grace=np.timedelta64(every_s, "s"))
     y, p = y[known], p[known]
     out.update({
