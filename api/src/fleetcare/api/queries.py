@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from fleetcare.api.drains import audit
 from fleetcare.pipeline.schema import SAMPLE_COLUMNS
 
 log = logging.getLogger(__name__)
@@ -374,12 +375,10 @@ def held_drains(cur: Cursor, tables: set[str]) -> list[dict[str, Any]]:
     """The ``drains`` rows fleetcare still holds (not resumed), by node."""
     if "drains" not in tables:
         return []
-    rows = cur.execute(
-        "SELECT node, scheduler, drained_at, review_at, risk, reason, cleared_at, cleared_by "
-        "FROM drains WHERE resumed_at IS NULL ORDER BY node").fetchall()
-    return [{"node": r[0], "scheduler": r[1], "drained_at": iso_z(r[2]),
-             "review_at": iso_z(r[3]), "risk": finite(r[4]), "reason": r[5],
-             "cleared_at": iso_z(r[6]), "cleared_by": r[7]} for r in rows]
+    return [{"node": d.node, "scheduler": d.scheduler, "drained_at": iso_z(d.drained_at),
+             "review_at": iso_z(d.review_at), "risk": finite(d.risk), "reason": d.reason,
+             "cleared_at": iso_z(d.cleared_at), "cleared_by": d.cleared_by}
+            for d in audit.held_drains(cur).values()]
 
 
 def drain_stats(cur: Cursor, tables: set[str], now: dt.datetime) -> dict[str, Any]:
@@ -388,7 +387,8 @@ def drain_stats(cur: Cursor, tables: set[str], now: dt.datetime) -> dict[str, An
     ``held``: (scheduler, count) of the drains fleetcare holds; ``overdue``: how many of
     them are past their review time at ``now`` (naive UTC); ``actions``: (action, result
     class, count) of real, not dry-run, audit rows, the result class being the result up
-    to its colon (``ok``, ``refused``, ``error``, ``held``); ``last_action``: the newest real audit row's time.
+    to its colon (``ok``, ``refused``, ``error``, ``held``); ``last_action``: the newest
+    real audit row's time.
     """
     out: dict[str, Any] = {"held": [], "overdue": 0, "actions": [], "last_action": None}
     if "drains" in tables:

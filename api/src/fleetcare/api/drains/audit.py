@@ -81,6 +81,15 @@ class Drain:
     cleared_by: str | None
 
 
+def held_drains(cur: Any) -> dict[str, Drain]:
+    """The drains fleetcare holds (``resumed_at IS NULL``), by node, from a cursor on a
+    database that has the ``drains`` table."""
+    rows = cur.execute(
+        "SELECT node, drained_at, review_at, risk, reason, scheduler, cleared_at, "
+        "cleared_by FROM drains WHERE resumed_at IS NULL ORDER BY node").fetchall()
+    return {r[0]: Drain(*r) for r in rows}
+
+
 class AuditLog:
     """Reads and writes ``drain_audit`` and ``drains``."""
 
@@ -121,10 +130,7 @@ class AuditLog:
 
     # -- drains ----------------------------------------------------------------------------
     def active(self) -> dict[str, Drain]:
-        rows = self.store.cursor().execute(
-            "SELECT node, drained_at, review_at, risk, reason, scheduler, cleared_at, "
-            "cleared_by FROM drains WHERE resumed_at IS NULL ORDER BY node").fetchall()
-        return {r[0]: Drain(*r) for r in rows}
+        return held_drains(self.store.cursor())
 
     def add(self, drain: Drain) -> None:
         with self.store.transaction() as cur:
