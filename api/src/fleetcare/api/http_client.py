@@ -5,6 +5,7 @@ bearer token, errors that say what to do. Used where the server holds the databa
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import urllib.error
@@ -17,6 +18,15 @@ TOKEN_ENV = "FLEETCARE_TOKEN"
 
 class ApiCallError(ValueError):
     """The server could not be reached or refused the call; the message says why."""
+
+
+def add_api_arguments(p: argparse.ArgumentParser) -> None:
+    """``--api URL`` and ``--token`` for a command that can work through a running server."""
+    p.add_argument("--api", default=None, metavar="URL",
+                   help="work through a running `fleetcare serve` (e.g. http://host:8000) "
+                        "instead of the database it holds")
+    p.add_argument("--token", default=None,
+                   help=f"admin bearer token for --api (default: ${TOKEN_ENV})")
 
 
 def quote(part: str) -> str:

@@ -24,6 +24,8 @@ import json
 import os
 from typing import Any
 
+from fleetcare.api.http_client import add_api_arguments
+
 SCHEDULERS = ("slurm", "kubernetes")
 
 
@@ -78,11 +80,7 @@ def add_parser(subparsers: Any) -> None:
                    help="resume whatever the current risk (e.g. after a GPU swap)")
     c.add_argument("--note", default="", help="why, for the audit log")
     c.add_argument("--by", default=None, help="who (default: $SUDO_USER or the login name)")
-    c.add_argument("--api", default=None, metavar="URL",
-                   help="clear through a running `fleetcare serve` (e.g. http://host:8000) "
-                        "instead of the database it holds")
-    c.add_argument("--token", default=None,
-                   help="admin bearer token for --api (default: $FLEETCARE_TOKEN)")
+    add_api_arguments(c)
     _common(c, sub=True)
     a = sub.add_parser("audit", help="show the drain audit log, newest first")
     a.add_argument("--node", default=None)
@@ -156,12 +154,8 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         if args.drain_command == "clear":
             decisions = ctl.clear(args.node, actor=args.by or _operator(), note=args.note,
                                   force=args.force)
-            if args.json:
-                print(json.dumps({"dry_run": ctl.dry_run,
-                                  "decisions": [d.to_json() for d in decisions]}))
-            else:
-                for d in decisions:
-                    print(f"{d.node}: {d.action} ({d.result}) - {d.reason}")
+            _print_clear(args, {"dry_run": ctl.dry_run,
+                                "decisions": [d.to_json() for d in decisions]})
             return 0
         report = ctl.run_once()
         if args.json:
@@ -177,15 +171,20 @@ def _clear_via_api(args: argparse.Namespace) -> int:
     """POST /v1/drains/{node}/clear on a running server; prints what it decided."""
     from fleetcare.api.http_client import call, quote
 
-    doc = call(args.api, "POST", f"/v1/drains/{quote(args.node)}/clear", token=args.token,
-               body={"note": args.note or (f"cleared by {args.by}" if args.by else ""),
-                     "force": args.force})
+    _print_clear(args, call(args.api, "POST", f"/v1/drains/{quote(args.node)}/clear",
+                            token=args.token, body={
+                                "note": args.note or (f"cleared by {args.by}" if args.by else ""),
+                                "force": args.force}))
+    return 0
+
+
+def _print_clear(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """``{"dry_run", "decisions"}`` of a clear, local or through the API, as JSON or lines."""
     if args.json:
         print(json.dumps(doc))
     else:
         for d in doc["decisions"]:
             print(f"{d['node']}: {d['action']} ({d['result']}) - {d['reason']}")
-    return 0
 
 
 def _print_report(r: Any) -> None:

@@ -21,14 +21,12 @@ import sys
 from typing import Any
 
 from fleetcare.api import auth
+from fleetcare.api.http_client import add_api_arguments
 
 
 def _where(p: argparse.ArgumentParser) -> None:
     p.add_argument("--db", default=None, help="the DuckDB file (while no server holds it)")
-    p.add_argument("--api", default=None, metavar="URL",
-                   help="a running `fleetcare serve` instead (e.g. http://host:8000)")
-    p.add_argument("--token", default=None,
-                   help="admin bearer token for --api (default: $FLEETCARE_TOKEN)")
+    add_api_arguments(p)
 
 
 def add_parser(subparsers: Any) -> None:
