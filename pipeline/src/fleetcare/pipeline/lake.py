@@ -61,7 +61,7 @@ QUARANTINE_SCHEMA = pa.schema([("received_at", pa.timestamp("us")), ("source", p
 class LakeTable:
     name: str
     schema: pa.Schema
-    key: tuple[str, ...] | None  # None: keep every row
+    key: tuple[str, ...]  # the views and compaction keep one row per key
     time_column: str
 
 
@@ -212,12 +212,8 @@ def open_lake(root: str | Path, con: duckdb.DuckDBPyConnection | None = None
             con.register(f"_lake_empty_{t.name}", t.schema.empty_table())
             source = f"_lake_empty_{t.name}"
         con.execute(f"CREATE OR REPLACE VIEW lake_{t.name}_raw AS SELECT {cols} FROM {source}")
-        if t.key is None:
-            con.execute(f"CREATE OR REPLACE VIEW lake_{t.name} AS SELECT * FROM "
-                        f"lake_{t.name}_raw")
-        else:
-            con.execute(f"CREATE OR REPLACE VIEW lake_{t.name} AS SELECT DISTINCT ON "
-                        f"({', '.join(t.key)}) * FROM lake_{t.name}_raw")
+        con.execute(f"CREATE OR REPLACE VIEW lake_{t.name} AS SELECT DISTINCT ON "
+                    f"({', '.join(t.key)}) * FROM lake_{t.name}_raw")
     return con
 
 
@@ -254,7 +250,7 @@ def compact(root: str | Path, *, older_than: dt.timedelta = dt.timedelta(hours=2
             listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
             source = f"read_parquet([{listing}], union_by_name = true)"
             cols = ", ".join(t.schema.names)
-            distinct = f"DISTINCT ON ({', '.join(t.key)})" if t.key else ""
+            distinct = f"DISTINCT ON ({', '.join(t.key)})"
             rows_in = con.execute(f"SELECT count(*) FROM {source}").fetchall()[0][0]
             data = con.sql(f"SELECT {distinct} {cols} FROM {source} "
                                f"ORDER BY {t.time_column}").to_arrow_table()

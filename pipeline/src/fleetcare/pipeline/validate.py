@@ -427,7 +427,7 @@ class Validator:
             if v is None or name in nonfinite:
                 continue
             bounds = getattr(lim, attr)
-            if not bounds[0] <= v <= bounds[1]:
+            if not _in(v, bounds):
                 p.append((code, f"{name} = {v!r} is outside the allowed range "
                                 f"{bounds[0]:g}..{bounds[1]:g}{' ' + unit if unit else ''}"))
         if s.fb_used_mib is not None and s.fb_total_mib is not None \
