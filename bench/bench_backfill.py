@@ -26,6 +26,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
@@ -60,12 +62,10 @@ def main() -> None:
     end = START + dt.timedelta(hours=args.hours)
     spec = FleetSpec(nodes=args.nodes, seed=5, start=START)
     sim = FleetSimulator(spec, simulate_incidents(spec, max(1, args.hours // 24)))
-    cols = {}
+    cols: dict[str, list[np.ndarray]] = {}
     for chunk in sim.history(START, end, int(STEP_S)):
         for k, v in chunk.samples.items():
             cols.setdefault(k, []).append(v)
-    import numpy as np
-
     samples = {k: np.concatenate(v) for k, v in cols.items()}
     series = dcgm_series(samples)
     n_samples = len(samples["ts"])
