@@ -156,3 +156,28 @@ def test_sim_backend_polls_every_gpu_and_round_trips(sim):
             zip(sim.plan.node, sim.plan.time_h, sim.plan.repair_h, strict=True) if t0 <= 2 < t0 + r}
     assert len(full.samples) == 8 * (32 - len(down))
     backend.close()
+
+
+def test_counters_do_not_jump_where_history_hands_over_to_a_live_backend(sim):
+    """Issue 11: the demo's live stream read counters unlike the history's at the seam
+    (179 GPUs with NVLink CRC increases in the first live hour). A backend started at
+    any time reads the very counters the history had there, and history chunked one way
+    equals history chunked another."""
+    seam = sim.spec.start + 50 * H
+    hist, _ = run(sim, 49, 1, interval_s=300)          # ticks ..., seam - 5 min
+    live = SimBackend(sim).poll(seam)                  # a fresh agent, first tick at the seam
+    fresh, _ = run(sim, 50, 1, interval_s=60)           # history from the seam, other chunks
+    at_seam = fresh["ts"] == np.datetime64(seam.replace(tzinfo=None), "us")
+    by_uuid = {s.gpu_uuid: s for s in live.samples}
+    assert len(by_uuid) == at_seam.sum() > 0
+    for name in COUNTERS:
+        want = fresh[name][at_seam]
+        got = np.array([getattr(by_uuid[u], name) for u in fresh["gpu_uuid"][at_seam]])
+        assert np.array_equal(got, want), name
+    # and nothing moved backwards between the history's last tick and the live one
+    last = hist["ts"] == hist["ts"].max()
+    for name in COUNTERS:
+        before = dict(zip(hist["gpu_uuid"][last], hist[name][last].tolist(), strict=True))
+        for u, s in by_uuid.items():
+            if u in before:
+                assert np.all(np.asarray(getattr(s, name)) >= np.asarray(before[u])), name

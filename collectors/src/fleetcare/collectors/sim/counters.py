@@ -6,6 +6,12 @@ in between: benign events (sparse Poisson, per-GPU rates) and precursor curves
 when the node is repaired (rebooted); aggregate ones (ECC aggregate, remapped rows)
 only when the GPU is replaced. Only GPUs touched by an event, an episode or a reset are
 computed column by column; all others repeat their state, so a tick costs O(GPUs).
+
+Benign events are a fixed function of (seed, day): each day's events of the whole fleet
+are drawn from a generator seeded by the day alone, then this group keeps its GPUs'. So
+a counter's value at time ``t`` does not depend on how the ticks before it were grouped
+into advances: a live backend started at ``t`` reads exactly what the history read at
+``t`` (hardware counters do not jump when an agent restarts, and neither do these).
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ AGGREGATE = ("ce_a", "ue_a", "rr_c", "rr_u")
 CE_MEDIAN_PER_DAY = 0.02
 PCIE_PER_DAY = 0.01
 NV_FLIT_PER_LINK_DAY = 0.002
+MAX_LINKS = 18
+"""NVLink flit events are drawn over this many links per GPU and kept on the GPU's own
+links (a GPU with fewer links sees proportionally fewer)."""
 
 
 class Counters:
@@ -48,12 +57,16 @@ class Counters:
         life_ce = np.where(rng.random(fleet_gpus) < 0.3,
                            np.floor(np.exp(1 + 1.5 * rng.standard_normal(fleet_gpus))), 0)
         life_rr = (rng.random(fleet_gpus) < 0.03).astype(np.int64)
-        self.rates = {
-            "ce": ce_rate[gpus] / DAY_S,
-            "pcie": np.full(self.G, PCIE_PER_DAY / DAY_S),
-            "nv_flit": np.full(self.G, NV_FLIT_PER_LINK_DAY * nlinks / DAY_S),
+        # per fleet GPU, so a day's draw is the same whatever group asks for it
+        self.fleet_rates = {
+            "ce": ce_rate / DAY_S,
+            "pcie": np.full(fleet_gpus, PCIE_PER_DAY / DAY_S),
+            "nv_flit": np.full(fleet_gpus, NV_FLIT_PER_LINK_DAY * MAX_LINKS / DAY_S),
         }
-        self.cum_rates = {k: np.cumsum(v) for k, v in self.rates.items()}
+        self.fleet_cum = {k: np.cumsum(v) for k, v in self.fleet_rates.items()}
+        self.local_of = np.full(fleet_gpus, -1, dtype=np.int64)
+        self.local_of[gpus] = np.arange(self.G)
+        self._days: dict[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
         self.t = 0.0
         z = np.zeros(self.G, dtype=np.int64)
         self.state: dict[str, np.ndarray] = {
@@ -64,24 +77,43 @@ class Counters:
         for name in LINK_COUNTERS:
             self.state[name] = np.zeros((self.G, nlinks), dtype=np.int64)
 
-    def _benign(self, rng: np.random.Generator, t_prev: float, t_end: float) -> dict:
+    def _day(self, day: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """This group's benign events of ``day``: {kind: (local gpu, t, link)}, cached."""
+        got = self._days.get(day)
+        if got is not None:
+            return got
+        rng = np.random.default_rng([self.seed, 12, day])
         out = {}
-        for name, cum in self.cum_rates.items():
-            total = cum[-1] * (t_end - t_prev) if self.G else 0.0
-            k = rng.poisson(total)
+        for name, cum in self.fleet_cum.items():
+            k = rng.poisson(cum[-1] * DAY_S)
             g = np.minimum(np.searchsorted(cum, rng.random(k) * cum[-1], side="right"),
-                           self.G - 1)
-            t = rng.uniform(t_prev, t_end, size=k)
-            link = rng.integers(0, self.L, size=k)
-            out[name] = (g, t, link)
+                           len(cum) - 1)
+            t = day * DAY_S + rng.random(k) * DAY_S
+            link = rng.integers(0, MAX_LINKS, size=k)
+            local = self.local_of[g]
+            keep = (local >= 0) & (link < self.L) if name == "nv_flit" else local >= 0
+            out[name] = (local[keep], t[keep], link[keep])
+        if len(self._days) >= 4:  # ticks move forward: old days are not asked again
+            self._days.pop(min(self._days))
+        self._days[day] = out
         return out
 
-    def advance(self, ticks: np.ndarray, rng: np.random.Generator,
-                output: bool = True) -> dict[str, np.ndarray]:
+    def _benign(self, t_prev: float, t_end: float) -> dict:
+        """Benign events with ``t_prev < t <= t_end``: {kind: (local gpu, t, link)}."""
+        days = range(int(t_prev // DAY_S), int(t_end // DAY_S) + 1)
+        parts = [self._day(d) for d in days]
+        out = {}
+        for name in self.fleet_cum:
+            g, t, link = (np.concatenate([p[name][i] for p in parts]) for i in range(3))
+            sel = (t > t_prev) & (t <= t_end)
+            out[name] = (g[sel], t[sel], link[sel])
+        return out
+
+    def advance(self, ticks: np.ndarray, output: bool = True) -> dict[str, np.ndarray]:
         """Values at ``ticks`` (seconds, increasing, > previous): {name: (T, G[, L])}."""
         t_prev, t_end = self.t, float(ticks[-1])
         T = len(ticks)
-        benign = self._benign(rng, t_prev, t_end)
+        benign = self._benign(t_prev, t_end)
         ep = self.ep
         live = (ep.t0[self.ep_idx] < t_end) & (ep.t1[self.ep_idx] > t_prev)
         eps, ep_g = self.ep_idx[live], self.ep_local[live]

@@ -180,7 +180,7 @@ class Group:
     def step(self, ticks: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Samples at ``ticks`` (seconds since spec.start) for all GPUs, down rows removed."""
         m, T, G, gpn = self.model, len(ticks), self.G, self.gpn
-        cnt = self.counters.advance(ticks, rng)
+        cnt = self.counters.advance(ticks)
         busy_n, inten_n = self.jobs(ticks)
         busy = np.repeat(busy_n, gpn, axis=1)
         inten = np.repeat(inten_n, gpn, axis=1).astype(np.float32)
