@@ -235,3 +235,24 @@ def test_failed_refresh_keeps_the_dirty_mark(store, monkeypatch):
     features.refresh(store)
     assert rollup.dirty_since(store.cursor()) is None
     assert feats(store, 11 * 60)["ecc_corrected_24h"] == 10.0
+
+
+def test_a_first_sample_after_a_long_gap_re_baselines(store, other):
+    """Issue 11: after more than ``rollup.LONG_GAP`` without samples (agent or node away)
+    the first sample counts 0, risen or dropped; the samples after it count as usual."""
+    store.insert_sample_records(hour_of(0, 10))                 # 10..15
+    store.insert_sample_records(hour_of(8, 400))                # 7 h later: 400..405
+    features.refresh(store)
+    r = feats(store, 9 * 60)
+    assert (r["ecc_corrected_1h"], r["ecc_corrected_24h"]) == (5.0, 10.0)
+    other.insert_sample_records(hour_of(0, 10) + hour_of(8, 3))  # dropped across it
+    features.refresh(other)
+    assert feats(other, 9 * 60)["ecc_corrected_24h"] == 10.0
+    # the baseline comes from an earlier refresh's rollup row as well
+    late = Store(store.path.replace("a.duckdb", "c.duckdb"))
+    late.insert_sample_records(hour_of(0, 10))
+    features.refresh(late)
+    late.insert_sample_records(hour_of(8, 400))
+    features.refresh(late)
+    assert hourly(late) == hourly(store)
+    late.close()

@@ -31,6 +31,10 @@ Counter semantics, case by case (``tests/pipeline/test_counter_semantics.py``):
 - reset (a drop): the new value is what accrued since the reset;
 - gap (no samples for hours): the increase across the gap lands in the first hour after
   it (a drop across the gap is a reset); hours without samples have no row;
+- long gap (more than ``LONG_GAP``: the agent or the node was away): the first sample
+  after it re-baselines and counts 0, risen or dropped. What accrued across it cannot be
+  placed in time, and counting it as the first hour's errors would read a day of
+  history as one bad hour;
 - duplicate (same gpu_uuid, ts): dropped at insert by the natural key, the first copy wins;
 - out of order / late: rows are ordered by ts inside a re-roll, and late rows re-roll
   their hours and every later one.
@@ -56,6 +60,8 @@ PENDING_KEY = "features.rollup_pending_from"
 """meta key: the dirty mark a running refresh took over (kept if it fails)."""
 RAW_FROM_KEY = "telemetry.raw_complete_from"
 """meta key: the hour from which raw telemetry is complete (``retention`` sets it)."""
+LONG_GAP = dt.timedelta(hours=6)
+"""A first sample more than this after the previous one re-baselines (counts 0)."""
 BASELINE_LOOKBACK = dt.timedelta(days=7)
 """How far back the previous value of a counter is looked for (older: first sample = 0)."""
 
@@ -116,6 +122,7 @@ def hour_floor(value: dt.datetime) -> dt.datetime:
 
 def _inc(cur: str, prev: str) -> str:
     return (f"CASE WHEN {cur} IS NULL THEN NULL WHEN {prev} IS NULL THEN 0 "
+            f"WHEN long_gap THEN 0 "
             f"WHEN {cur} >= {prev} THEN {cur} - {prev} ELSE {cur} END")
 
 
@@ -161,6 +168,7 @@ raw AS (
 d AS (
   SELECT *,
       {prevs},
+      ts - lag(ts) OVER w > INTERVAL {int(LONG_GAP.total_seconds())} SECOND AS long_gap,
       pcie_link_width < pcie_link_width_max AS width_down,
       pcie_link_gen < pcie_link_gen_max AS gen_down
   FROM raw
