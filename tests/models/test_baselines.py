@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import datetime as dt
 
-import duckdb
 import numpy as np
 import pytest
 
 from fleetcare.models import baselines as B
 from fleetcare.models.metrics import Failure, average_precision
+from fleetcare.pipeline.store import Store
 
 T0 = dt.datetime(2026, 1, 1)
 N0 = np.datetime64("2026-01-01T00:00:00", "us")
@@ -57,21 +57,19 @@ def test_rule_over_budget_has_zero_recall_at_budget():
 
 
 @pytest.fixture
-def tele():
-    con = duckdb.connect()
-    con.execute("""CREATE TABLE telemetry (ts TIMESTAMP, node VARCHAR, gpu_uuid VARCHAR,
-        ecc_uncorrected_volatile BIGINT, retired_pages_sbe BIGINT, retired_pages_dbe BIGINT,
-        retired_pages_pending BOOLEAN, remapped_rows_failure BOOLEAN,
-        remapped_rows_pending BOOLEAN, pcie_replay_count BIGINT, nvlink_up BOOLEAN[],
-        nvlink_crc_flit BIGINT[], nvlink_crc_data BIGINT[], nvlink_replay BIGINT[],
-        nvlink_recovery BIGINT[], clock_event_reasons BIGINT)""")
-    yield con
-    con.close()
+def tele(tmp_path):
+    with Store(tmp_path / "t.duckdb") as store:  # the real telemetry table
+        yield store
 
 
-def _row(con, minute, gpu="g0", node="node-a", dbe=0, replay=0, remap_fail=False, reasons=0,
+def _row(store, minute, gpu="g0", node="node-a", dbe=0, replay=0, remap_fail=False, reasons=0,
          up=(True, True)):
-    con.execute("INSERT INTO telemetry VALUES (?, ?, ?, ?, NULL, NULL, NULL, ?, FALSE, ?, ?, "
+    store.con.execute(
+        "INSERT INTO telemetry (ts, node, gpu_uuid, ecc_uncorrected_volatile, "
+        "retired_pages_sbe, retired_pages_dbe, retired_pages_pending, remapped_rows_failure, "
+        "remapped_rows_pending, pcie_replay_count, nvlink_up, nvlink_crc_flit, "
+        "nvlink_crc_data, nvlink_replay, nvlink_recovery, clock_event_reasons) "
+        "VALUES (?, ?, ?, ?, NULL, NULL, NULL, ?, FALSE, ?, ?, "
                 "[0, 0], [0, 0], [0, 0], [0, 0], ?)",
                 [T0 + dt.timedelta(minutes=minute), node, gpu, dbe, remap_fail, replay,
                  list(up), reasons])

@@ -295,7 +295,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
         """Liveness and freshness: the newest telemetry sample and node score (no token)."""
         try:
             tables = queries.existing_tables(cur)
-            tel = queries.latest_telemetry_ts(cur, tables)
+            tel = queries.latest_telemetry_ts(cur, tables, store.raw)
             score = queries.latest_score_ts(cur, tables)
         except duckdb.Error as exc:
             body = Health(status="error", db=f"{type(exc).__name__}: {exc}",
@@ -342,7 +342,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
         """One node: its risk, reasons and labels, and each GPU's score and latest
         telemetry."""
         tables = queries.existing_tables(cur)
-        detail = queries.node_detail(cur, tables, node)
+        detail = queries.node_detail(cur, tables, node, store.raw)
         if detail is None:
             raise HTTPException(
                 status_code=404,
@@ -368,7 +368,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
     def gpu(gpu_uuid: str, cur: Cur) -> Any:
         """One GPU by UUID: its risk and reasons, its node, and its latest telemetry."""
         tables = queries.existing_tables(cur)
-        detail = queries.gpu_detail(cur, tables, gpu_uuid)
+        detail = queries.gpu_detail(cur, tables, gpu_uuid, store.raw)
         if detail is None:
             raise HTTPException(
                 status_code=404,

@@ -59,8 +59,8 @@ class Service:
         self.on_scored: Callable[[], None] | None = None
 
     def _newest_telemetry(self) -> dt.datetime | None:
-        row = self.store.cursor().execute("SELECT max(ts) FROM telemetry").fetchall()[0]
-        return row[0].replace(tzinfo=dt.UTC) if row[0] is not None else None
+        newest = self.store.raw.bounds(self.store.cursor())[1]
+        return newest.replace(tzinfo=dt.UTC) if newest is not None else None
 
     def rescore(self) -> None:
         """Derive failures from fresh fatal XIDs, bring features up to date, score every

@@ -141,11 +141,12 @@ def reactive_xid_from_store(store: Any, start: dt.datetime, end: dt.datetime,
     return RuleAlarms(al.name, al.ts[keep], al.node[keep], al.reason[keep])
 
 
-def dcgm_sql(start: dt.datetime, end: dt.datetime, *,
+def dcgm_sql(start: dt.datetime, end: dt.datetime, *, raw: str = "telemetry",
              pcie_replays_per_min: float = PCIE_REPLAYS_PER_MIN,
              retired_pages_limit: int = RETIRED_PAGES_LIMIT,
              nvlink_errors_per_min: float = NVLINK_ERRORS_PER_MIN) -> str:
-    """The health watches as one query over ``telemetry``: (ts, node, reason) per firing."""
+    """The health watches as one query over raw samples (``raw``, a relation such as
+    ``store.raw.relation``): (ts, node, reason) per firing."""
     nvl = ("coalesce(list_sum(nvlink_crc_flit), 0) + coalesce(list_sum(nvlink_crc_data), 0) + "
            "coalesce(list_sum(nvlink_replay), 0) + coalesce(list_sum(nvlink_recovery), 0)")
     lo = _naive(start - dt.timedelta(hours=1))
@@ -160,7 +161,7 @@ def dcgm_sql(start: dt.datetime, end: dt.datetime, *,
         epoch(ts - lag(ts) OVER w) / 60.0 AS dt_min,
         list_bool_or(list_transform(nvlink_up, lambda x: NOT x)) AS link_down,
         clock_event_reasons AS reasons
-      FROM telemetry WHERE ts >= TIMESTAMP '{lo}' AND ts < TIMESTAMP '{_naive(end)}'
+      FROM {raw} WHERE ts >= TIMESTAMP '{lo}' AND ts < TIMESTAMP '{_naive(end)}'
       WINDOW w AS (PARTITION BY gpu_uuid ORDER BY ts)
     ), r AS (
       SELECT ts, node, concat_ws('; ',
@@ -186,7 +187,8 @@ def dcgm_alarms(store: Any, start: dt.datetime, end: dt.datetime, **kw: Any) -> 
     """DCGM-style health watches over the store's telemetry in [start, end)."""
     cur = store.cursor()
     try:
-        rows = cur.execute(dcgm_sql(start, end, **kw)).fetchall()
+        raw = store.raw.relation(cur, start - dt.timedelta(hours=1), end)
+        rows = cur.execute(dcgm_sql(start, end, raw=raw, **kw)).fetchall()
     finally:
         cur.close()
     return RuleAlarms("dcgm_thresholds", _us([r[0] for r in rows]),

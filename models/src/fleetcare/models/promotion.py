@@ -129,7 +129,7 @@ def evaluate_on_period(store: Store, models: dict[str, FailureModel], start: dt.
     from fleetcare.pipeline import features, labels
 
     say = progress or (lambda _msg: None)
-    hi = store.cursor().execute("SELECT max(ts) FROM telemetry").fetchall()[0][0]
+    hi = store.raw.bounds(store.cursor())[1]
     if hi is None:
         raise training.TrainError("the store has no telemetry to compare models on")
     if origin is not None and origin < start:

@@ -311,7 +311,7 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
 
 
 def _telemetry_range(store: Store) -> tuple[dt.datetime, dt.datetime]:
-    lo, hi = store.cursor().execute("SELECT min(ts), max(ts) FROM telemetry").fetchall()[0]
+    lo, hi = store.raw.bounds(store.cursor())
     if lo is None:
         raise TrainError("the store has no telemetry to train on: ingest some first")
     return lo.replace(tzinfo=dt.UTC), hi.replace(tzinfo=dt.UTC)

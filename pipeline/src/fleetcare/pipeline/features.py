@@ -50,7 +50,7 @@ from fleetcare.pipeline.feature_defs import (
     windowed_sql,
     xid_class,
 )
-from fleetcare.pipeline.store import Store, one_row
+from fleetcare.pipeline.store import Store
 
 __all__ = ["FEATURES", "KEY_COLUMNS", "STALE_AFTER", "FeatureDef", "gpu_features",
            "latest_features", "refresh", "render_docs"]
@@ -276,7 +276,8 @@ def _register_xmap(cur: duckdb.DuckDBPyConnection) -> None:
     }))
 
 
-def _source(cur: duckdb.DuckDBPyConnection, until: dt.datetime, *, exact: bool) -> str:
+def _source(store: Store, cur: duckdb.DuckDBPyConnection, until: dt.datetime, *,
+            exact: bool) -> str:
     """The hourly rows holding all telemetry up to ``until`` (exactly ``until`` when exact).
 
     Uses ``telemetry_hourly`` as far as ``refresh`` built it and rolls the rest up on the
@@ -289,12 +290,13 @@ def _source(cur: duckdb.DuckDBPyConnection, until: dt.datetime, *, exact: bool) 
     if mark is not None:
         lo = rollup.hour_floor(min(mark, until))
     else:
-        oldest = one_row(cur.execute("SELECT min(ts) FROM telemetry"))[0]
+        oldest = store.raw.bounds(cur)[0]
         lo = rollup.hour_floor(min(oldest or until, until))
         log.warning("features.no_rollup until=%s: rolling up all telemetry on the fly; "
                     "call features.refresh(store) after ingest", until)
     tmp = f"_fc_hourly_{uuid.uuid4().hex[:12]}"
-    cur.execute(f"CREATE TEMP TABLE {tmp} AS {rollup.rollup_sql(_lit(lo), _lit(until))}"
+    raw = store.raw.relation(cur, lo, until)
+    cur.execute(f"CREATE TEMP TABLE {tmp} AS {rollup.rollup_sql(_lit(lo), _lit(until), raw)}"
                 ).fetchall()
     return (f"(SELECT * FROM {rollup.TABLE} WHERE hour < {_lit(lo)} "
             f"UNION ALL BY NAME SELECT * FROM {tmp})")
@@ -339,7 +341,7 @@ def gpu_features(store: Store, start: dt.datetime, end: dt.datetime, *,
 
     cur = store.cursor()
     try:
-        source = _source(cur, rollup.hour_floor(end_n), exact=False)
+        source = _source(store, cur, rollup.hour_floor(end_n), exact=False)
         _register_xmap(cur)
         cur.register("grid", grid)
         return _finish(cur.sql(sql(source)).to_arrow_table())
@@ -352,13 +354,13 @@ def latest_features(store: Store, at: dt.datetime | None = None) -> pa.Table:
     cur = store.cursor()
     try:
         if at is None:
-            newest = one_row(cur.execute("SELECT max(ts) FROM telemetry"))[0]
+            newest = store.raw.bounds(cur)[1]
             if newest is None:
                 newest = dt.datetime(1970, 1, 1)
             at_n = newest
         else:
             at_n = rollup._ts(at)
-        source = _source(cur, at_n, exact=True)
+        source = _source(store, cur, at_n, exact=True)
         _register_xmap(cur)
         sql = "WITH " + _tele_group(source, _lit(at_n)) + _tail(">=")
         return _finish(cur.sql(sql).to_arrow_table())

@@ -1,5 +1,8 @@
 """Retention: drop raw telemetry once its hours are rolled up; keep everything else.
 
+Raw telemetry is wherever ``store.raw`` keeps it: rows of the ``telemetry`` table, or
+whole hour partitions of the Parquet lake.
+
 ``apply(store, keep_raw=30 days)`` deletes ``telemetry`` rows older than ``now -
 keep_raw`` (cut at an hour boundary), but never a row whose hour is not rolled up for
 good: the cut never passes the hour of the rollup watermark (that hour is rebuilt by the
@@ -19,7 +22,7 @@ import logging
 from dataclasses import asdict, dataclass
 
 from fleetcare.pipeline import rollup
-from fleetcare.pipeline.store import Store, one_row
+from fleetcare.pipeline.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +66,10 @@ def apply(store: Store, keep_raw: dt.timedelta = DEFAULT_KEEP_RAW, *,
                 cutoff, held = rollup.hour_floor(mark), "rollup"
             if dirty is not None and rollup.hour_floor(dirty) < cutoff:  # type: ignore[operator]
                 cutoff, held = rollup.hour_floor(dirty), "late-data"
-        total = one_row(cur.execute("SELECT count(*) FROM telemetry"))[0]
-        if cutoff is None:
-            n = 0
-        else:
-            n = one_row(cur.execute("SELECT count(*) FROM telemetry WHERE ts < ?",
-                                    [cutoff]))[0]
+        n, total = store.raw.count_before(cur, cutoff)
         if n and not dry_run:
             with store.transaction() as tx:
-                tx.execute("DELETE FROM telemetry WHERE ts < ?", [cutoff]).fetchall()
+                store.raw.delete_before(tx, cutoff)  # type: ignore[arg-type]
                 prev = rollup._meta_ts(tx, rollup.RAW_FROM_KEY)
                 if prev is None or cutoff > prev:  # type: ignore[operator]
                     tx.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",

@@ -50,7 +50,7 @@ import logging
 
 import duckdb
 
-from fleetcare.pipeline.store import DIRTY_SINCE_KEY, Store, one_row
+from fleetcare.pipeline.store import DIRTY_SINCE_KEY, Store
 
 log = logging.getLogger(__name__)
 
@@ -126,11 +126,12 @@ def _inc(cur: str, prev: str) -> str:
             f"WHEN {cur} >= {prev} THEN {cur} - {prev} ELSE {cur} END")
 
 
-def rollup_sql(lo: str, hi: str) -> str:
+def rollup_sql(lo: str, hi: str, raw: str = "telemetry") -> str:
     """SELECT of hourly rows from raw telemetry with ``lo <= ts <= hi``.
 
     ``lo`` / ``hi`` are SQL expressions (parameters or literals); ``lo`` must be on an hour
-    boundary. Baselines come from ``telemetry_hourly`` rows before ``lo``.
+    boundary. ``raw`` is the relation of raw samples (``store.raw.relation``). Baselines
+    come from ``telemetry_hourly`` rows before ``lo``.
     """
     base_state = ", ".join(f"arg_max({c}, hour) AS {c[:-5]}" for c in _STATE_COLS)
     raw_cols = ", ".join(
@@ -161,7 +162,7 @@ raw AS (
          {", ".join(FLAGS)}, pcie_link_width, pcie_link_width_max, pcie_link_gen,
          pcie_link_gen_max, gpu_temp_c, mem_temp_c, power_w, util_gpu_pct,
          clock_event_reasons, FALSE AS is_base
-  FROM telemetry WHERE ts >= {lo} AND ts <= {hi}
+  FROM {raw} WHERE ts >= {lo} AND ts <= {hi}
   UNION ALL BY NAME
   SELECT * FROM base
 ),
@@ -244,8 +245,8 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
     cur = store.cursor()
     try:
         ensure_tables(cur)
+        oldest, newest = store.raw.bounds(cur)
         if until is None:
-            newest = one_row(cur.execute("SELECT max(ts) FROM telemetry"))[0]
             if newest is None:
                 return
             hi = newest
@@ -253,7 +254,6 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
             hi = _ts(until)
         mark = None if full else watermark(cur)
         if mark is None:
-            oldest = one_row(cur.execute("SELECT min(ts) FROM telemetry"))[0]
             if oldest is None:
                 return
             lo = hour_floor(min(oldest, hi))
@@ -267,9 +267,10 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
         cur.execute("BEGIN TRANSACTION").fetchall()
         try:
             cur.execute(f"DELETE FROM {TABLE} WHERE hour >= ?", [lo]).fetchall()
+            raw = store.raw.relation(cur, lo, hi)
             added = cur.execute(
-                f"INSERT INTO {TABLE} BY NAME {rollup_sql('$lo', '$hi')}", {"lo": lo, "hi": hi}
-            ).fetchall()[0][0]
+                f"INSERT INTO {TABLE} BY NAME {rollup_sql('$lo', '$hi', raw)}",
+                {"lo": lo, "hi": hi}).fetchall()[0][0]
             cur.execute(
                 "INSERT OR REPLACE INTO meta VALUES (?, ?)", [WATERMARK_KEY, hi.isoformat()]
             ).fetchall()

@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 
 from fleetcare.collectors.contract import Batch, GpuSample, Incident, XidEvent
 from fleetcare.pipeline import schema
+from fleetcare.pipeline.telemetry import RawTelemetry, TableTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -107,10 +108,16 @@ def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.
 
 
 class Store:
-    """One DuckDB database. ``cursor()`` gives a thread its own connection handle."""
+    """One DuckDB database. ``cursor()`` gives a thread its own connection handle.
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    ``raw`` says where raw samples are read from (``fleetcare.pipeline.telemetry``): the
+    database's own ``telemetry`` table (default) or a Parquet lake
+    (``fleetcare.pipeline.lake_feed.open_state``)."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False,
+                 raw: RawTelemetry | None = None) -> None:
         self.path = str(path)
+        self.raw: RawTelemetry = raw if raw is not None else TableTelemetry()
         try:
             self.con = duckdb.connect(self.path, read_only=read_only)
         except duckdb.IOException as exc:

@@ -1,0 +1,114 @@
+"""Raw telemetry, wherever it lives: the one owner of reads of raw GPU samples.
+
+Raw samples have two homes, one per production shape, behind one seam (``RawTelemetry``):
+
+- ``TableTelemetry``: the ``telemetry`` table of the store's own DuckDB file (one host:
+  ``fleetcare ingest --db`` or ``serve --bus`` write it);
+- ``fleetcare.pipeline.lake_feed.LakeTelemetry``: the Parquet lake that scale-out
+  ``fleetcare ingest --lake`` workers write; the service's state DB keeps which files it
+  has read and each GPU's newest sample.
+
+Everything that reads raw samples (rollups, on-the-fly features, the DCGM baseline,
+retention, the API's newest sample per GPU) asks ``store.raw``; nothing else names the
+``telemetry`` table. A relation is SQL text usable after ``FROM``: the contract's columns
+(``schema.SAMPLE_COLUMNS``), one row per natural key, ``lo <= ts <= hi``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Protocol
+
+import duckdb
+
+from fleetcare.pipeline.schema import SAMPLE_COLUMNS
+
+Cursor = duckdb.DuckDBPyConnection
+
+
+def naive_utc(ts: dt.datetime) -> dt.datetime:
+    """A timestamp as DuckDB stores it: naive UTC."""
+    return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
+
+
+def sql_ts(ts: dt.datetime) -> str:
+    """A SQL TIMESTAMP literal of ``ts`` (naive UTC)."""
+    return f"TIMESTAMP '{naive_utc(ts).isoformat(sep=' ')}'"
+
+
+def gpu_filter(node: str | None, gpu_uuid: str | None,
+               alias: str = "") -> tuple[str, list[Any]]:
+    """The WHERE condition choosing one GPU, one node's GPUs, or all."""
+    if gpu_uuid is not None:
+        return f"{alias}gpu_uuid = ?", [gpu_uuid]
+    if node is not None:
+        return f"{alias}node = ?", [node]
+    return "TRUE", []
+
+
+class RawTelemetry(Protocol):
+    """Where a store's raw samples are read from (see the module docstring)."""
+
+    kind: str  # "table" | "lake"
+
+    def bounds(self, cur: Cursor) -> tuple[dt.datetime | None, dt.datetime | None]:
+        """(oldest, newest) sample ts held (naive UTC), (None, None) when empty."""
+        ...
+
+    def relation(self, cur: Cursor, lo: dt.datetime, hi: dt.datetime) -> str:
+        """The samples with ``lo <= ts <= hi`` as a SQL relation."""
+        ...
+
+    def count_before(self, cur: Cursor, cutoff: dt.datetime | None) -> tuple[int, int]:
+        """(samples before ``cutoff``, samples in all); cutoff None counts none before."""
+        ...
+
+    def delete_before(self, cur: Cursor, cutoff: dt.datetime) -> int:
+        """Delete the samples before ``cutoff`` (an hour boundary); returns rows deleted.
+        ``cur`` is inside the caller's transaction."""
+        ...
+
+    def latest_samples(self, cur: Cursor, *, node: str | None = None,
+                       gpu_uuid: str | None = None) -> list[dict[str, Any]]:
+        """The newest sample of each GPU (of ``node`` / the one ``gpu_uuid``), as dicts
+        of ``SAMPLE_COLUMNS``."""
+        ...
+
+
+class TableTelemetry:
+    """Raw samples in the store's ``telemetry`` table (``schema.DDL``)."""
+
+    kind = "table"
+
+    def bounds(self, cur: Cursor) -> tuple[dt.datetime | None, dt.datetime | None]:
+        lo, hi = cur.execute("SELECT min(ts), max(ts) FROM telemetry").fetchall()[0]
+        return lo, hi
+
+    def relation(self, cur: Cursor, lo: dt.datetime, hi: dt.datetime) -> str:
+        return (f"(SELECT * FROM telemetry WHERE ts >= {sql_ts(lo)} "
+                f"AND ts <= {sql_ts(hi)})")
+
+    def count_before(self, cur: Cursor, cutoff: dt.datetime | None) -> tuple[int, int]:
+        total = cur.execute("SELECT count(*) FROM telemetry").fetchall()[0][0]
+        if cutoff is None:
+            return 0, int(total)
+        n = cur.execute("SELECT count(*) FROM telemetry WHERE ts < ?", [cutoff]).fetchall()[0][0]
+        return int(n), int(total)
+
+    def delete_before(self, cur: Cursor, cutoff: dt.datetime) -> int:
+        return int(cur.execute("DELETE FROM telemetry WHERE ts < ?", [cutoff]).fetchall()[0][0])
+
+    def latest_samples(self, cur: Cursor, *, node: str | None = None,
+                       gpu_uuid: str | None = None) -> list[dict[str, Any]]:
+        cols = ", ".join(f"t.{c}" for c in SAMPLE_COLUMNS)
+        where, params = gpu_filter(node, gpu_uuid)
+        t_where, _ = gpu_filter(node, gpu_uuid, "t.")
+        # a join on each GPU's newest ts: ~1.5x faster than a window over the node's rows
+        rows = cur.execute(
+            f"""SELECT {cols} FROM telemetry t
+            JOIN (SELECT gpu_uuid, max(ts) AS newest FROM telemetry WHERE {where}
+                  GROUP BY gpu_uuid) n ON t.gpu_uuid = n.gpu_uuid AND t.ts = n.newest
+            WHERE {t_where}
+            QUALIFY row_number() OVER (PARTITION BY t.gpu_uuid) = 1""",
+            params + params).fetchall()
+        return [dict(zip(SAMPLE_COLUMNS, r, strict=True)) for r in rows]
