@@ -1,7 +1,7 @@
 """Fixtures for the API tests: a real DuckDB file, a manual clock, a real HTTP server.
 
-The score and model tables are written by fleetcare.models; the tests create them here
-(IF NOT EXISTS, the columns the API reads) so they do not depend on that code.
+The score and model tables are created by their owners in fleetcare.models (the real
+schema); ``Fleet`` writes rows into them as the scorer and the registry do.
 """
 
 from __future__ import annotations
@@ -15,22 +15,8 @@ import httpx
 import pytest
 
 from fleetcare.api.app import bound_port, create_app, start_server_thread
+from fleetcare.models import registry, scoring
 from fleetcare.pipeline.store import Store
-
-SCORE_DDL = """
-CREATE TABLE IF NOT EXISTS node_scores (
-  ts TIMESTAMP, node VARCHAR, risk DOUBLE, reasons VARCHAR, top_gpu_uuid VARCHAR,
-  model_id VARCHAR
-);
-CREATE TABLE IF NOT EXISTS gpu_scores (
-  ts TIMESTAMP, node VARCHAR, gpu_uuid VARCHAR, gpu_index BIGINT, model VARCHAR,
-  risk DOUBLE, reasons VARCHAR, model_id VARCHAR
-);
-CREATE TABLE IF NOT EXISTS models (
-  model_id VARCHAR, created_at TIMESTAMP, horizon_h DOUBLE, features VARCHAR,
-  params VARCHAR, metrics VARCHAR, is_current BOOLEAN
-);
-"""
 
 T0 = dt.datetime(2026, 3, 1, 12, 0, 0)
 """A naive UTC instant, as DuckDB TIMESTAMP columns hold them."""
@@ -47,7 +33,8 @@ class ManualClock:
 @pytest.fixture
 def store(tmp_path: Any) -> Iterator[Store]:
     s = Store(tmp_path / "fleet.duckdb")
-    s.con.execute(SCORE_DDL).fetchall()
+    scoring.ensure_schema(s)
+    registry.ensure_schema(s)
     yield s
     s.close()
 
@@ -115,9 +102,10 @@ class Fleet:
               features: Any = None, params: Any = None, metrics: Any = None,
               is_current: bool = True) -> None:
         self.store.con.execute(
-            "INSERT INTO models VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO models (model_id, created_at, horizon_h, features, params, metrics, "
+            "blob, is_current) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             [model_id, created_at, horizon_h, json.dumps(features), json.dumps(params),
-             json.dumps(metrics), is_current],
+             json.dumps(metrics), b"", is_current],
         ).fetchall()
 
 

@@ -21,8 +21,9 @@ from hypothesis.errors import Unsatisfiable
 from fleetcare.api import auth
 from fleetcare.api.app import bound_port, create_app, start_server_thread
 from fleetcare.collectors.contract import GpuSample
+from fleetcare.models import registry, scoring
 from fleetcare.pipeline.store import Store
-from tests.api.conftest import SCORE_DDL, Fleet
+from tests.api.conftest import Fleet
 
 T0 = dt.datetime(2026, 3, 1, 12)
 EXAMPLES = 20
@@ -42,7 +43,8 @@ def error_has_a_message(ctx: Any, response: Any, case: Any) -> bool | None:
 
 
 def _fill(store: Store) -> None:
-    store.con.execute(SCORE_DDL).fetchall()
+    scoring.ensure_schema(store)
+    registry.ensure_schema(store)
     fleet = Fleet(store)
     fleet.model("m1", metrics={"pr_auc": 0.5})
     for i in range(12):

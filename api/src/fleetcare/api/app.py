@@ -75,6 +75,7 @@ from fleetcare.api.schemas import (
     TokenOut,
 )
 from fleetcare.api.server import bound_port, serve, start_server_thread
+from fleetcare.models import scoring
 from fleetcare.models.goodput import CostModel, GoodputError
 from fleetcare.pipeline.store import Store
 
@@ -227,6 +228,7 @@ def _ensure_api_tables(store: Store, auth: bool) -> None:
     try:
         cur.execute(_auth.DDL)
         cur.execute(queries.LABELS_DDL)
+        scoring.create_schema(cur)  # the latest-score views the readers use
         try:  # the alerts engine's schema, so that it finds its own table
             from fleetcare.api.alerts.engine import ensure_schema
         except ImportError:

@@ -105,10 +105,8 @@ def _model_json(result: Any) -> dict[str, Any]:
 
 
 def cmd_train(args: argparse.Namespace, cfg: Settings) -> int:
-    from fleetcare.pipeline.store import Store
-
     horizon_h = parse_duration(args.horizon or cfg.horizon) / 3600
-    store = Store(_existing_db(args.db or cfg.db))
+    store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.lake), sync=True)
     result = _train(store, horizon_h, args.seed if args.seed is not None else cfg.seed)
     if args.no_promote:
         why = (f"{result.model_id} registered, not promoted (--no-promote): "
@@ -145,9 +143,8 @@ def _top_risk(store: Any, limit: int) -> list[dict[str, Any]]:
 def cmd_score(args: argparse.Namespace, cfg: Settings) -> int:
     from fleetcare.models.scoring import score
     from fleetcare.pipeline import features
-    from fleetcare.pipeline.store import Store
 
-    store = Store(_existing_db(args.db or cfg.db))
+    store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.lake), sync=True)
     features.refresh(store)
     score(store)
     top = _top_risk(store, args.limit)
@@ -166,6 +163,29 @@ def _print_top(top: list[dict[str, Any]]) -> None:
         print(f"{r['node']:14s} {r['risk']:6.3f}  {reasons}")
 
 
+def open_store(db: str, *, lake: str | None = None, create: bool = False,
+               sync: bool = False) -> Any:
+    """The store at ``db`` (its raw telemetry in ``lake`` when given). ``create``: make a
+    new database; otherwise it must exist. ``sync``: read the lake's new files first."""
+    from fleetcare.pipeline.store import Store
+
+    if create:
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+    else:
+        _existing_db(db)
+    if lake is None:
+        return Store(db)
+    from fleetcare.pipeline.lake_feed import open_state
+
+    try:
+        store = open_state(db, lake)
+    except FileNotFoundError as exc:
+        raise CliError(str(exc)) from None
+    while sync and store.raw.sync(store).files:
+        pass
+    return store
+
+
 def _existing_db(db: str) -> str:
     if not Path(db).exists():
         raise CliError(f"database {db} does not exist: create it with "
@@ -177,7 +197,6 @@ def _existing_db(db: str) -> str:
 def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
     from fleetcare.api.app import create_app, serve
     from fleetcare.api.service import Service
-    from fleetcare.pipeline.store import Store
 
     host = args.host or cfg.host
     if args.no_auth:
@@ -190,18 +209,21 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
                   "tokens with `fleetcare tokens create`", file=sys.stderr)
             return 2
         log.warning("serve.no_auth host=%s: the API accepts requests without a token", host)
-    store = Store(_existing_db(args.db or cfg.db))
-    consumer = None
+    open_consumer = None
     if args.bus:
-        from fleetcare.collectors.transport.embedded import EmbeddedConsumer
+        from fleetcare.api.commands.ingest import consumer_factory
 
-        consumer = EmbeddedConsumer.from_url(args.bus)
+        open_consumer = consumer_factory(args.serve_parser, args)
+    store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.bus or args.lake))
     from fleetcare.api.alerts import AlertEngine, load_config
 
     drains = _drain_controller(store, args.drain_scheduler, args.drain_execute)
-    svc = Service(store, consumer=consumer, score_every_s=parse_duration(args.score_every),
+    svc = Service(store, open_consumer=open_consumer,
+                  score_every_s=parse_duration(args.score_every),
                   alerts=AlertEngine.from_config(store, load_config(args.config)),
                   drains=drains)
+    log.info("serve.started db=%s source=%s", store.path,
+             args.bus or (f"lake {args.lake}" if args.lake else "none (scoring only)"))
     svc.start()
     try:
         serve(store, host=host, port=args.port or cfg.port,
@@ -272,6 +294,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("train", help="train the fleet failure model on a time split")
     t.add_argument("--db", help="DuckDB file with telemetry and incidents")
+    t.add_argument("--lake", default=None,
+                   help="read raw telemetry from this Parquet lake (`fleetcare ingest --lake` "
+                        "workers); --db is then the service's state DB (created if missing)")
     t.add_argument("--horizon", default=None, help="predict failures within this time (default 24h)")
     t.add_argument("--seed", type=int, default=None)
     t.add_argument("--no-promote", action="store_true",
@@ -281,6 +306,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("score", help="score every GPU and node now with the current model")
     sc.add_argument("--db")
+    sc.add_argument("--lake", default=None,
+                   help="read raw telemetry from this Parquet lake (`fleetcare ingest --lake` "
+                        "workers); --db is then the service's state DB (created if missing)")
     sc.add_argument("--limit", type=int, default=10, help="nodes to show (default 10)")
     sc.add_argument("--json", action="store_true")
 
@@ -288,7 +316,19 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--db")
     v.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     v.add_argument("--port", type=int, default=None, help="port (default 8000)")
-    v.add_argument("--bus", default=None, help="also ingest from this bus, e.g. embedded://var/bus")
+    src = v.add_mutually_exclusive_group()
+    src.add_argument("--bus", default=None,
+                     help="ingest in this process from kafka://HOST:PORT[,HOST:PORT] (one "
+                          "consumer group, offsets committed after the rows are durable) or "
+                          "embedded://PATH; --db is then created if missing")
+    src.add_argument("--lake", default=None,
+                     help="scale-out: read raw telemetry from this Parquet lake, written by "
+                          "`fleetcare ingest --lake` workers; --db is the service's state "
+                          "(rollups, scores, models, alerts, drains, tokens)")
+    from fleetcare.api.commands.ingest import add_consumer_arguments
+
+    add_consumer_arguments(v)
+    v.set_defaults(serve_parser=v)
     v.add_argument("--score-every", default="60s", help="rescoring period (default 60s)")
     v.add_argument("--drain-scheduler", choices=("none", "slurm", "kubernetes"), default="none",
                    help="after each scoring, decide drains for this scheduler (default none); "
@@ -369,6 +409,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CliError, ValueError) as exc:
         print(f"fleetcare {args.command}: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:
+        from fleetcare.pipeline.store import StoreError
+
+        if isinstance(exc, StoreError):  # the database is held by another process
+            print(f"fleetcare {args.command}: {exc}", file=sys.stderr)
+            return 1
+        raise
     except KeyboardInterrupt:
         return 130
 

@@ -1,11 +1,16 @@
 """``fleetcare demo``: the whole product on one host, on simulated data.
 
-1. simulate a fleet's history into DuckDB (columnar fast path),
+1. simulate a fleet's history into DuckDB (columnar fast path), ending now,
 2. train the fleet model on a time split,
 3. stream live simulated telemetry through the real agent code path and the embedded
-   bus into the same database, rescoring every (simulated) minute,
+   bus into the same database — the service's own ingest worker and scoring loop, as
+   ``fleetcare serve --bus`` runs them — rescoring every minute,
 4. serve the API and dashboard, printing the top at-risk nodes with reasons —
    or, with ``--once``, score once and print the result.
+
+The live simulator continues the history's counters exactly (no jump at the seam), and
+retention keeps the whole history (it would otherwise count 30 days back from the
+newest sample and cut into it).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from fleetcare.collectors.sim import FleetSpec, simulate_incidents
 from fleetcare.collectors.sim.backend import SimBackend
 from fleetcare.collectors.sim.telemetry import FleetSimulator
 from fleetcare.collectors.transport.embedded import EmbeddedBus, EmbeddedConsumer
-from fleetcare.pipeline.ingest import Ingestor
+from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.simload import load_history, mark_simulated
 from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.validate import Validator
@@ -36,6 +41,11 @@ LIVE_INTERVAL_S = 60.0
 
 def _say(args: argparse.Namespace, msg: str) -> None:
     print(msg, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def keep_raw(args: argparse.Namespace) -> dt.timedelta:
+    """Raw retention for the demo: the whole simulated history and a week of live data."""
+    return dt.timedelta(days=args.days + 7)
 
 
 def _fresh(db: Path) -> Path:
@@ -58,8 +68,10 @@ def run_demo(args: argparse.Namespace) -> int:
         return 2
     db = Path(args.db)
     bus_dir = _fresh(db)
-    spec = FleetSpec(nodes=args.nodes, seed=args.seed, failure_scale=args.failure_scale)
-    hist_end = spec.start + dt.timedelta(days=args.days)
+    # the history ends now (to the minute), so live telemetry continues it in real time
+    hist_end = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
+    spec = FleetSpec(nodes=args.nodes, seed=args.seed, failure_scale=args.failure_scale,
+                     start=hist_end - dt.timedelta(days=args.days))
     # plan past the history so the live stream has a future that can fail
     sim = FleetSimulator(spec, simulate_incidents(spec, args.days + 30))
     store = Store(db)
@@ -89,14 +101,15 @@ def run_demo(args: argparse.Namespace) -> int:
         clock = ManualClock(hist_end.timestamp())
         Agent([backend], bus, node="demo", interval_s=LIVE_INTERVAL_S, clock=clock,
               sleep=clock.sleep).run(duration_s=args.live_minutes * 60)
-        # simulated time is "now" for the validator's too-old / in-the-future checks
-        ingested = Ingestor(store, EmbeddedConsumer(bus_dir),
-                            validator=Validator(clock=clock)).drain()
+        # the service's ingest loop, until the bus is drained; simulated time is "now" for
+        # the validator's too-old / in-the-future checks
+        ingested = IngestWorker(store, EmbeddedConsumer(bus_dir), idle_exit_s=0.2,
+                                poll_timeout_s=0.1, validator=Validator(clock=clock)).run()
         _say(args, f"      ingested {ingested.samples:,} live samples")
         _say(args, "[4/4] scoring every GPU and node")
         from fleetcare.api.service import Service
 
-        Service(store).rescore()
+        Service(store, keep_raw=keep_raw(args)).rescore()
         top = _top_risk(store, 5)
         out = {"model": {"model_id": result.model_id, **_model_json(result)["metrics"],
                          "metrics": result.metrics},
@@ -122,9 +135,9 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     agent.sleep = lambda s: agent.wait(clock.wall_seconds(s))
     from fleetcare.api.alerts import AlertEngine, load_config
 
-    svc = Service(store, consumer=EmbeddedConsumer(bus_dir),
+    svc = Service(store, open_consumer=lambda: EmbeddedConsumer(bus_dir),
                   score_every_s=parse_duration(args.score_every),
-                  validator=Validator(clock=clock),
+                  validator=Validator(clock=clock), keep_raw=keep_raw(args),
                   alerts=AlertEngine.from_config(store, load_config(None)))
 
     def show_top() -> None:

@@ -26,12 +26,12 @@ log = logging.getLogger(__name__)
 
 Cursor = duckdb.DuckDBPyConnection
 
-# The score's latest row per node; risk made NULL when not finite (JSON has no NaN).
+# Each node's latest score as fleetcare.models.scoring defines it (its view); risk made
+# NULL when not finite (JSON has no NaN).
 _LATEST_NODE_SCORES = """
 SELECT node, CASE WHEN isfinite(risk) THEN risk END AS risk, reasons, top_gpu_uuid,
        ts, model_id
-FROM node_scores
-QUALIFY row_number() OVER (PARTITION BY node ORDER BY ts DESC) = 1
+FROM latest_node_scores
 """
 
 
@@ -144,7 +144,7 @@ def latest_score_ts(cur: Cursor, tables: set[str]) -> dt.datetime | None:
 def scored_node_count(cur: Cursor, tables: set[str]) -> int:
     if "node_scores" not in tables:
         return 0
-    return int(_one(cur, "SELECT count(DISTINCT node) FROM node_scores"))
+    return int(_one(cur, "SELECT count(*) FROM latest_node_scores"))
 
 
 def _node_risk(row: tuple[Any, ...]) -> dict[str, Any]:

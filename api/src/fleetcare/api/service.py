@@ -1,14 +1,23 @@
-"""The single-host service: ingest, scorer and API as threads of one process.
+"""The fleet service: ingest, scorer, alerts, drains and API as threads of one process.
 
 DuckDB allows one writing process per database file, so everything that writes lives
-here and shares one ``Store``; other processes read through the API.
+here and shares one ``Store``; other processes read through the API. Two shapes:
 
-    svc = Service(store, consumer=EmbeddedConsumer("var/bus"), score_every_s=60)
+- one host: ``open_consumer`` (``embedded://`` or ``kafka://``, one consumer group) feeds
+  an ``IngestWorker``, the same loop as ``fleetcare ingest`` (offsets committed only
+  after the rows are durable), into the store's own telemetry table;
+- scale-out: ``fleetcare ingest --lake`` workers write Parquet and the store reads the
+  lake (``store.raw`` is a ``lake_feed.LakeTelemetry``): each scoring cycle first reads
+  the lake files written since the last one, and compaction runs on a schedule.
+
+    svc = Service(store, open_consumer=lambda: open_consumer("kafka://127.0.0.1:9092"))
     svc.start()        # ingest + scoring threads
     ...
     svc.stop()
 
-Both loops log exceptions and keep running (a daemon never dies of one bad poll).
+Both loops log exceptions and keep running (a daemon never dies of one bad poll). An
+ingest worker that stops on an error is replaced by a new one on a new consumer, which
+resumes from the last committed position: nothing it had read but not landed is lost.
 """
 
 from __future__ import annotations
@@ -24,7 +33,7 @@ from fleetcare.api.drains import DrainController
 from fleetcare.collectors.transport import BusConsumer
 from fleetcare.models import registry, scoring
 from fleetcare.pipeline import features, incidents, retention
-from fleetcare.pipeline.ingest import Ingestor
+from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.validate import RecordValidator
 
@@ -32,49 +41,69 @@ log = logging.getLogger(__name__)
 
 
 class Service:
-    def __init__(self, store: Store, *, consumer: BusConsumer | None = None,
-                 score_every_s: float = 60.0, ingest_idle_s: float = 0.5,
+    def __init__(self, store: Store, *, open_consumer: Callable[[], BusConsumer] | None = None,
+                 score_every_s: float = 60.0, ingest_poll_s: float = 0.5,
+                 ingest_restart_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic,
                  validator: RecordValidator | None = None,
                  keep_raw: dt.timedelta | None = retention.DEFAULT_KEEP_RAW,
                  retention_every_s: float = 3600.0,
+                 compact_every_s: float = 3600.0,
+                 keep_scores: scoring.ScoreRetention | None = None,
                  alerts: AlertEngine | None = None,
                  drains: DrainController | None = None,
                  wall: Callable[[], float] = time.time) -> None:
         self.store = store
-        self.ingestor = (Ingestor(store, consumer, validator=validator)
-                         if consumer is not None else None)
+        self.open_consumer = open_consumer
         self.score_every_s = score_every_s
-        self.ingest_idle_s = ingest_idle_s
+        self.ingest_poll_s = ingest_poll_s
+        self.ingest_restart_s = ingest_restart_s
+        self.validator = validator
         self.clock = clock
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.keep_raw = keep_raw
         self.retention_every_s = retention_every_s
+        self.compact_every_s = compact_every_s
+        self.keep_scores = keep_scores or scoring.ScoreRetention()
         self._retained_at: float | None = None
+        self._compacted_at: float | None = None
         self.alerts = alerts
         self.drains = drains
         self.wall = wall
         self.scores = 0
+        self.worker: IngestWorker | None = None
+        self.ingest_restarts = 0
         self.on_scored: Callable[[], None] | None = None
+
+    @property
+    def lake(self) -> bool:
+        return self.store.raw.kind == "lake"
 
     def _newest_telemetry(self) -> dt.datetime | None:
         newest = self.store.raw.bounds(self.store.cursor())[1]
         return newest.replace(tzinfo=dt.UTC) if newest is not None else None
 
+    def _due(self, last: float | None, every_s: float) -> bool:
+        return last is None or self.clock() - last >= every_s
+
     def rescore(self) -> None:
-        """Derive failures from fresh fatal XIDs, bring features up to date, score every
-        GPU and node once, and (hourly) drop raw telemetry that is rolled up and old."""
+        """Read new lake files (lake shape), derive failures from fresh fatal XIDs, bring
+        rollups up to date, score every GPU and node once, then alerts and drains; on
+        their schedules, drop raw telemetry that is rolled up and old, prune old scores
+        and compact the lake."""
+        if self.lake:
+            self.store.raw.sync(self.store)  # type: ignore[attr-defined]
         newest = self._newest_telemetry()
         if newest is not None:
             incidents.derive_from_xids(self.store, since=newest - dt.timedelta(hours=6))
         features.refresh(self.store)
         if (self.keep_raw is not None and newest is not None
-                and (self._retained_at is None
-                     or self.clock() - self._retained_at >= self.retention_every_s)):
+                and self._due(self._retained_at, self.retention_every_s)):
             # relative to the newest data, not the wall clock: replayed or simulated
             # history is never deleted for being old by the calendar
             retention.apply(self.store, self.keep_raw, now=newest)
+            scoring.prune(self.store, self.keep_scores)
             self._retained_at = self.clock()
         if registry.current(self.store) is not None:
             scoring.score(self.store)
@@ -88,17 +117,31 @@ class Service:
                 log.info("service.drains %s", report.to_json())
             if self.on_scored is not None:
                 self.on_scored()
+        if self.lake and self._due(self._compacted_at, self.compact_every_s):
+            self.store.raw.compact(self.store)  # type: ignore[attr-defined]
+            self._compacted_at = self.clock()
 
     def _ingest_loop(self) -> None:
-        assert self.ingestor is not None
+        assert self.open_consumer is not None
         while not self._stop.is_set():
             try:
-                r = self.ingestor.run_once(self.ingest_idle_s)
+                self.worker = IngestWorker(self.store, self.open_consumer(),
+                                           poll_timeout_s=self.ingest_poll_s,
+                                           validator=self.validator, worker_id="serve")
+                if self._stop.is_set():  # stop() came while the consumer was opening
+                    self.worker.stop()
+                summary = self.worker.run()
             except Exception:
-                log.exception("service.ingest_failed")
-                r = None
-            if r is None or r.records == 0:
-                self._stop.wait(self.ingest_idle_s)
+                log.exception("service.ingest_failed: opening the bus failed; retrying in "
+                              "%.0f s", self.ingest_restart_s)
+            else:
+                if summary.reason != "error":
+                    return
+                log.error("service.ingest_restarting in %.0f s: the worker stopped on an "
+                          "error; a new consumer resumes from the last committed position",
+                          self.ingest_restart_s)
+            self.ingest_restarts += 1
+            self._stop.wait(self.ingest_restart_s)
 
     def _score_loop(self) -> None:
         next_at = self.clock()
@@ -108,11 +151,12 @@ class Service:
                     self.rescore()
                 except Exception:
                     log.exception("service.score_failed")
-                next_at += self.score_every_s
+                # the next cycle a whole period after this one started, none in a burst
+                next_at = max(next_at + self.score_every_s, self.clock())
             self._stop.wait(max(0.0, min(1.0, next_at - self.clock())))
 
     def start(self) -> None:
-        loops = [self._score_loop] + ([self._ingest_loop] if self.ingestor else [])
+        loops = [self._score_loop] + ([self._ingest_loop] if self.open_consumer else [])
         for loop in loops:
             t = threading.Thread(target=loop, name=f"fleetcare-{loop.__name__[1:]}", daemon=True)
             t.start()
@@ -120,5 +164,7 @@ class Service:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        if self.worker is not None:
+            self.worker.stop()
         for t in self._threads:
             t.join(timeout_s)

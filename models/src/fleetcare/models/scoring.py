@@ -6,14 +6,22 @@ Tables and views (created here, IF NOT EXISTS)::
                   model VARCHAR, risk DOUBLE, reasons JSON, model_id VARCHAR)
     node_scores  (ts TIMESTAMP, node VARCHAR, risk DOUBLE, reasons JSON,
                   top_gpu_uuid VARCHAR, model_id VARCHAR)
-    latest_gpu_scores / latest_node_scores   views: the rows of the newest scoring ts,
-                                             highest risk first
+    latest_gpu_scores / latest_node_scores   views: the latest score of each GPU / node
+                                             (see below), highest risk first
 
 ``ts`` is the scoring time (UTC); one set of rows per scoring ts and model (scoring the
 same ts again with the same model replaces its rows). ``risk`` is the calibrated
 probability of a failure within the model's horizon; a node's risk is
 ``1 - prod(1 - p_gpu)`` and its reasons are its riskiest GPU's, prefixed ``"GPU <index>: "``.
 ``reasons`` is a JSON list of sentences.
+
+This module owns both tables: their DDL, their one meaning of *latest* and their pruning.
+The latest score of a node (or GPU) is its newest row among the last ``LATEST_RUNS``
+scoring runs: a node that stopped reporting drops out of the API's ``/v1/risk``, the
+metrics, alerts and the drain controller after that many runs, instead of showing a risk
+from last week forever. ``prune`` keeps every run of the last ``keep_runs`` and one run
+an hour (the first) for ``keep_hourly``: the history pages draw, at a bounded size (a
+100,000-GPU fleet scored every minute writes 144 M GPU rows a day).
 
 Exceptions::
 
@@ -28,6 +36,7 @@ import threading
 import weakref
 from dataclasses import dataclass
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -37,7 +46,17 @@ from fleetcare.models.reasons import explain, fleet_medians
 from fleetcare.models.training import ts_column
 from fleetcare.pipeline.store import Store
 
-DDL = """
+LATEST_RUNS = 3
+"""A node or GPU missing from this many newest scoring runs has no latest score."""
+
+
+def _runs_floor(table: str) -> str:
+    """The ts of the oldest of the newest ``LATEST_RUNS`` scoring runs of ``table``."""
+    return (f"SELECT min(ts) FROM (SELECT DISTINCT ts FROM {table} "
+            f"ORDER BY ts DESC LIMIT {LATEST_RUNS})")
+
+
+DDL = f"""
 CREATE TABLE IF NOT EXISTS gpu_scores (
   ts TIMESTAMP NOT NULL, node VARCHAR NOT NULL, gpu_uuid VARCHAR NOT NULL,
   gpu_index BIGINT, model VARCHAR, risk DOUBLE NOT NULL, reasons JSON NOT NULL,
@@ -47,11 +66,13 @@ CREATE TABLE IF NOT EXISTS node_scores (
   ts TIMESTAMP NOT NULL, node VARCHAR NOT NULL, risk DOUBLE NOT NULL,
   reasons JSON NOT NULL, top_gpu_uuid VARCHAR, model_id VARCHAR NOT NULL
 );
-CREATE VIEW IF NOT EXISTS latest_gpu_scores AS
-  SELECT * FROM gpu_scores WHERE ts = (SELECT max(ts) FROM gpu_scores)
+CREATE OR REPLACE VIEW latest_gpu_scores AS
+  SELECT * FROM gpu_scores WHERE ts >= ({_runs_floor("gpu_scores")})
+  QUALIFY row_number() OVER (PARTITION BY gpu_uuid ORDER BY ts DESC) = 1
   ORDER BY risk DESC, node, gpu_index;
-CREATE VIEW IF NOT EXISTS latest_node_scores AS
-  SELECT * FROM node_scores WHERE ts = (SELECT max(ts) FROM node_scores)
+CREATE OR REPLACE VIEW latest_node_scores AS
+  SELECT * FROM node_scores WHERE ts >= ({_runs_floor("node_scores")})
+  QUALIFY row_number() OVER (PARTITION BY node ORDER BY ts DESC) = 1
   ORDER BY risk DESC, node;
 """
 
@@ -75,6 +96,20 @@ class ScoreError(Exception):
 
 
 @dataclass(frozen=True, slots=True)
+class ScoreRetention:
+    """What ``prune`` keeps: every run of the newest ``keep_runs``, and the first run of
+    each hour for ``keep_hourly`` before the newest run."""
+
+    keep_runs: int = 60
+    keep_hourly: dt.timedelta = dt.timedelta(days=7)
+
+    def __post_init__(self) -> None:
+        if self.keep_runs < LATEST_RUNS:
+            raise ValueError(f"keep_runs={self.keep_runs} must be at least LATEST_RUNS "
+                             f"({LATEST_RUNS}): the latest scores are read from them")
+
+
+@dataclass(frozen=True, slots=True)
 class ScoreResult:
     ts: dt.datetime | None          # the scoring time (aware UTC); None when nothing scored
     model_id: str
@@ -90,10 +125,15 @@ _ready: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
 def ensure_schema(store: Store) -> None:
-    """Create the tables (once per Store object)."""
+    """Create the tables and views (once per Store object)."""
     if store not in _ready:
-        store.cursor().execute(DDL).fetchall()
+        create_schema(store.cursor())
         _ready.add(store)
+
+
+def create_schema(cur: duckdb.DuckDBPyConnection) -> None:
+    """The score tables and the latest-score views on a cursor (idempotent)."""
+    cur.execute(DDL).fetchall()
 
 
 def _model(store: Store, model_id: str) -> FailureModel:
@@ -213,15 +253,35 @@ def _write(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table, node: pa
             cur.unregister("incoming_scores")
 
 
+def prune(store: Store, keep: ScoreRetention | None = None) -> int:
+    """Delete score rows ``keep`` does not keep (see ``ScoreRetention``); returns rows
+    deleted from both tables."""
+    keep = keep or ScoreRetention()
+    ensure_schema(store)
+    deleted = 0
+    with store.transaction() as cur:
+        for table in ("gpu_scores", "node_scores"):
+            deleted += int(cur.execute(f"""
+                DELETE FROM {table} WHERE ts NOT IN (
+                  SELECT ts FROM (SELECT DISTINCT ts FROM {table} ORDER BY ts DESC
+                                  LIMIT {int(keep.keep_runs)})
+                  UNION ALL
+                  SELECT min(ts) FROM {table}
+                  WHERE ts >= (SELECT max(ts) FROM {table}) - to_microseconds(?)
+                  GROUP BY date_trunc('hour', ts))""",
+                [int(keep.keep_hourly.total_seconds() * 1e6)]).fetchall()[0][0])
+    return deleted
+
+
 def latest_gpu_scores(store: Store, *, limit: int | None = None) -> pa.Table:
-    """The newest scoring run's GPU rows, highest risk first (reasons as JSON text)."""
+    """Each GPU's latest score (``LATEST_RUNS``), highest risk first (reasons as JSON)."""
     ensure_schema(store)
     sql = "SELECT * FROM latest_gpu_scores" + (f" LIMIT {int(limit)}" if limit else "")
     return store.cursor().sql(sql).to_arrow_table()
 
 
 def latest_node_scores(store: Store, *, limit: int | None = None) -> pa.Table:
-    """The newest scoring run's node rows, highest risk first (reasons as JSON text)."""
+    """Each node's latest score (``LATEST_RUNS``), highest risk first (reasons as JSON)."""
     ensure_schema(store)
     sql = "SELECT * FROM latest_node_scores" + (f" LIMIT {int(limit)}" if limit else "")
     return store.cursor().sql(sql).to_arrow_table()

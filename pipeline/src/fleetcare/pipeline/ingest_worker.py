@@ -40,6 +40,7 @@ from fleetcare.collectors.transport import BusConsumer, Record, TransportError
 from fleetcare.collectors.transport.factory import bus_scheme
 from fleetcare.collectors.transport.kafka import KafkaConsumerSource, parse_url
 from fleetcare.pipeline.ingest import Ingestor
+from fleetcare.pipeline.validate import RecordValidator
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +141,7 @@ class IngestWorker:
         join_grace_s: float = 30.0,
         progress_every_s: float = 10.0,
         worker_id: str = "",
+        validator: RecordValidator | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_batch < 1:
@@ -149,7 +151,8 @@ class IngestWorker:
         self.sink = sink
         self.buffered = hasattr(sink, "pending_rows") and hasattr(sink, "flush")
         self.gate = _CommitGate(consumer, deferred=self.buffered)
-        self.ingestor = Ingestor(sink, self.gate, max_records=max_batch)  # type: ignore[arg-type]
+        self.ingestor = Ingestor(sink, self.gate, max_records=max_batch,  # type: ignore[arg-type]
+                                 validator=validator)
         self.max_batch = max_batch
         self.poll_timeout_s = poll_timeout_s
         self.idle_exit_s = idle_exit_s

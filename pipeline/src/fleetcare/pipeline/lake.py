@@ -218,33 +218,64 @@ def open_lake(root: str | Path, con: duckdb.DuckDBPyConnection | None = None
 
 
 @dataclass(frozen=True, slots=True)
+class Compacted:
+    """One partition rewritten: ``inputs`` (deleted) became ``output``."""
+
+    table: str
+    hour: dt.datetime
+    output: Path
+    inputs: tuple[Path, ...]
+    rows: int
+
+
+@dataclass(frozen=True, slots=True)
 class CompactResult:
     partitions: int
     files_in: int
     files_out: int
     rows_in: int
     rows_out: int
+    outputs: tuple[Compacted, ...] = ()
+
+
+def partitions(root: str | Path, table: str) -> Iterable[tuple[dt.datetime, Path]]:
+    """(hour, folder) of each ``date=/hour=`` partition of ``table``, oldest first."""
+    for hour_dir in sorted((Path(root) / table).glob("date=*/hour=*")):
+        day = hour_dir.parent.name.removeprefix("date=")
+        try:
+            yield dt.datetime.fromisoformat(
+                f"{day}T{hour_dir.name.removeprefix('hour=')}:00"), hour_dir
+        except ValueError:
+            log.warning("lake.bad_partition path=%s: not date=YYYY-MM-DD/hour=HH, skipped",
+                        hour_dir)
+
+
+def data_files(folder: Path) -> list[Path]:
+    """The finished Parquet files of a partition (not the hidden temporaries)."""
+    return sorted(p for p in folder.glob("*.parquet") if not p.name.startswith("."))
 
 
 def compact(root: str | Path, *, older_than: dt.timedelta = dt.timedelta(hours=2),
-            now: dt.datetime | None = None) -> CompactResult:
+            now: dt.datetime | None = None, only: set[Path] | None = None) -> CompactResult:
     """Rewrite each partition older than ``older_than`` that has several files as one
     file without duplicate natural keys, then delete the files it read.
 
-    Safe next to writers (it only deletes files it read) and readers (the new file is in
-    place before the old ones go, and the views deduplicate the overlap); a reader in
-    the middle of a scan may still see a file vanish and must retry its query.
+    ``only``: compact just these files (a reader that tracks files, such as the service's
+    ``lake_feed``, passes the files it has already read, so nothing unread is folded
+    into a file it would take as read). Safe next to writers (it only deletes files it
+    read) and readers (the new file is in place before the old ones go, and the views
+    deduplicate the overlap); a reader in the middle of a scan may still see a file
+    vanish and must retry its query.
     """
     root = Path(root)
     now = now or dt.datetime.now(dt.UTC)
     cutoff = (now.astimezone(dt.UTC).replace(tzinfo=None) - older_than)
     con = duckdb.connect()
     totals = [0, 0, 0, 0, 0]
+    outputs: list[Compacted] = []
     for t in TABLES.values():
-        for hour_dir in sorted((root / t.name).glob("date=*/hour=*")):
-            day = hour_dir.parent.name.removeprefix("date=")
-            start = dt.datetime.fromisoformat(f"{day}T{hour_dir.name.removeprefix('hour=')}:00")
-            files = sorted(p for p in hour_dir.glob("*.parquet"))
+        for start, hour_dir in partitions(root, t.name):
+            files = [p for p in data_files(hour_dir) if only is None or p in only]
             if start + dt.timedelta(hours=1) > cutoff or len(files) < 2:
                 continue
             listing = ", ".join("'" + str(p).replace("'", "''") + "'" for p in files)
@@ -260,9 +291,10 @@ def compact(root: str | Path, *, older_than: dt.timedelta = dt.timedelta(hours=2
             for p in files:
                 p.unlink(missing_ok=True)
             fsync_dir(hour_dir)
+            outputs.append(Compacted(t.name, start, out, tuple(files), data.num_rows))
             for i, v in enumerate((1, len(files), 1, rows_in, data.num_rows)):
                 totals[i] += v
             log.info("lake.compacted partition=%s files=%d rows_in=%d rows_out=%d",
                      hour_dir.relative_to(root), len(files), rows_in, data.num_rows)
     con.close()
-    return CompactResult(*totals)
+    return CompactResult(*totals, outputs=tuple(outputs))

@@ -58,7 +58,7 @@ def arrow_schema(struct: type[msgspec.Struct]) -> pa.Schema:
     return pa.schema([(name, arrow) for name, _, arrow in column_types(struct)])
 
 
-def _columns_ddl(struct: type[msgspec.Struct]) -> str:
+def columns_ddl(struct: type[msgspec.Struct]) -> str:
     return ",\n  ".join(f"{name} {sql}" for name, sql, _ in column_types(struct))
 
 
@@ -76,13 +76,13 @@ INCIDENT_KEY = ("node", "ts", "kind", "gpu_uuid", "cause")
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS telemetry (
-  {_columns_ddl(GpuSample)}
+  {columns_ddl(GpuSample)}
 );
 CREATE TABLE IF NOT EXISTS xid_events (
-  {_columns_ddl(XidEvent)}
+  {columns_ddl(XidEvent)}
 );
 CREATE TABLE IF NOT EXISTS incidents (
-  {_columns_ddl(Incident)}
+  {columns_ddl(Incident)}
 );
 CREATE TABLE IF NOT EXISTS quarantine (
   received_at TIMESTAMP NOT NULL,

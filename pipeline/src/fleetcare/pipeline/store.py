@@ -187,20 +187,30 @@ class Store:
                 cur.close()
         return int(added)
 
+    def insert_table(self, table: str, data: pa.Table) -> int:
+        """Land Arrow rows of a contract table (telemetry, xid_events, incidents) with
+        the contract's schema; idempotent by the table's natural key. Returns rows added."""
+        if table == "telemetry":
+            return self.insert_samples(data)
+        keys = {"xid_events": schema.EVENT_KEY, "incidents": schema.INCIDENT_KEY}
+        if table not in keys:
+            raise ValueError(f"table {table!r} is not a contract table: use telemetry, "
+                             "xid_events or incidents")
+        return self._insert_new(table, data, keys[table])
+
     def insert_samples(self, data: pa.Table) -> int:
-        self._mark_dirty(data)
+        if data.num_rows:
+            self.mark_dirty(pc.min(data.column("ts")).as_py())
         return self._insert_new("telemetry", data, schema.SAMPLE_KEY)
 
-    def _mark_dirty(self, data: pa.Table) -> None:
-        """Lower ``DIRTY_SINCE_KEY`` to the oldest incoming sample's ts.
+    def mark_dirty(self, lo: dt.datetime) -> None:
+        """Lower ``DIRTY_SINCE_KEY`` to ``lo``, the oldest incoming sample's ts.
 
         ``rollup.refresh`` re-rolls from there, so samples that arrive after their hour was
         rolled up (late, out of order) are not missed. Written before the rows: a crash in
         between costs a needless re-roll, never a missed one.
         """
-        if data.num_rows == 0:
-            return
-        lo = pc.min(data.column("ts")).as_py()
+        lo = _naive_utc(lo)
         with self._lock:
             self.con.execute(
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE "

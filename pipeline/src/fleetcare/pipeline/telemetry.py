@@ -109,6 +109,7 @@ class TableTelemetry:
             JOIN (SELECT gpu_uuid, max(ts) AS newest FROM telemetry WHERE {where}
                   GROUP BY gpu_uuid) n ON t.gpu_uuid = n.gpu_uuid AND t.ts = n.newest
             WHERE {t_where}
-            QUALIFY row_number() OVER (PARTITION BY t.gpu_uuid) = 1""",
+            QUALIFY row_number() OVER (PARTITION BY t.gpu_uuid) = 1
+            ORDER BY t.gpu_index, t.gpu_uuid""",
             params + params).fetchall()
         return [dict(zip(SAMPLE_COLUMNS, r, strict=True)) for r in rows]

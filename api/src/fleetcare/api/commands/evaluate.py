@@ -53,6 +53,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--db", action="append",
                    help="DuckDB file to evaluate on (default: the [cli] db setting); repeat "
                         "it for the shards of one fleet (same time, different nodes)")
+    p.add_argument("--lake", default=None,
+                   help="read raw telemetry from this Parquet lake (`fleetcare ingest --lake` "
+                        "workers); the one --db is the state DB (rollups, models)")
     p.add_argument("--train-db", action="append",
                    help="train on this fleet (all of its time; repeatable for shards) ...")
     p.add_argument("--test-db", action="append",
@@ -89,16 +92,18 @@ def _job_sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import CliError, _existing_db, _print_json
+    from fleetcare.api.cli import CliError, _print_json, open_store
     from fleetcare.collectors.durations import parse_duration
     from fleetcare.models import evaluation as E
     from fleetcare.models.goodput import CostModel, GoodputError
-    from fleetcare.pipeline.store import Store, StoreError
+    from fleetcare.pipeline.store import StoreError
 
     if bool(args.train_db) != bool(args.test_db):
         raise CliError("--train-db and --test-db go together: give both, or --db alone")
     if args.train_db and args.db:
         raise CliError("--db cannot be combined with --train-db/--test-db")
+    if args.lake and (args.train_db or len(args.db or []) > 1):
+        raise CliError("--lake goes with one --db (the state DB over the lake)")
     def hours(flag: str, text: str) -> float:
         try:
             return parse_duration(text) / 3600
@@ -130,7 +135,8 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
             def open_all(paths: list[str]) -> list[Any]:
                 out = []
                 for path in paths:
-                    st = Store(_existing_db(path))
+                    st = open_store(path, lake=args.lake, create=bool(args.lake),
+                                    sync=True)
                     stack.callback(st.close)
                     out.append(st)
                 return out

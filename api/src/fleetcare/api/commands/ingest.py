@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,44 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def add_consumer_arguments(p: argparse.ArgumentParser) -> None:
+    """``--group``, ``--topic-prefix``, ``--instance-id``: how a process joins the Kafka
+    consumer group (``fleetcare ingest`` and ``fleetcare serve --bus`` share them)."""
+    p.add_argument("--group", default=None,
+                   help="Kafka consumer group (default fleetcare-ingest; Kafka only)")
+    p.add_argument("--topic-prefix", default=None,
+                   help="prefix of the topic names, as the agents were given (Kafka only)")
+    p.add_argument("--instance-id", default=None,
+                   help="Kafka static group membership id, stable across restarts of this "
+                        "process (e.g. the pod name): a restart takes its partitions back "
+                        "without a rebalance (Kafka only)")
+
+
+def consumer_factory(parser: argparse.ArgumentParser, args: argparse.Namespace
+                     ) -> Callable[[], Any]:
+    """A function opening one group member on ``args.bus`` (checked; usage errors exit 2)."""
+    from fleetcare.collectors.transport.factory import bus_scheme
+    from fleetcare.pipeline.ingest_worker import DEFAULT_GROUP, open_consumer
+
+    try:
+        scheme = bus_scheme(args.bus)
+    except ValueError as exc:
+        parser.error(f"--bus: {exc}")
+    if scheme == "embedded":
+        for flag, value in (("--group", args.group), ("--topic-prefix", args.topic_prefix),
+                            ("--instance-id", args.instance_id)):
+            if value is not None:
+                parser.error(f"{flag} applies to kafka:// buses only (the embedded bus has "
+                             "one reader)")
+
+    def opener() -> Any:
+        return open_consumer(args.bus, group=args.group or DEFAULT_GROUP,
+                             topic_prefix=args.topic_prefix or "",
+                             instance_id=args.instance_id)
+
+    return opener
+
+
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "ingest", help="land bus records in DuckDB (--db) or a Parquet lake (--lake)",
@@ -54,14 +93,7 @@ def add_parser(subparsers: Any) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--db", help="DuckDB file (one host; default: the configured db)")
     where.add_argument("--lake", help="Parquet lake folder (scale-out workers)")
-    p.add_argument("--group", default=None,
-                   help="Kafka consumer group (default fleetcare-ingest; Kafka only)")
-    p.add_argument("--topic-prefix", default=None,
-                   help="prefix of the topic names, as the agents were given (Kafka only)")
-    p.add_argument("--instance-id", default=None,
-                   help="Kafka static group membership id, stable across restarts of this "
-                        "worker (e.g. the pod name): a restart takes its partitions back "
-                        "without a rebalance (Kafka only)")
+    add_consumer_arguments(p)
     p.add_argument("--worker-id", default=None,
                    help="name in this worker's lake file names (default host-pid-random; "
                         "must differ between running workers and runs)")
@@ -81,27 +113,11 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.collectors.transport.factory import bus_scheme
-    from fleetcare.pipeline.ingest_worker import (
-        DEFAULT_GROUP,
-        IngestWorker,
-        handle_signals,
-        open_consumer,
-    )
+    from fleetcare.pipeline.ingest_worker import IngestWorker, handle_signals
     from fleetcare.pipeline.lake import LakeWriter, new_worker_id
     from fleetcare.pipeline.store import Store, StoreError
 
-    parser: argparse.ArgumentParser = args.ingest_parser
-    try:
-        scheme = bus_scheme(args.bus)
-    except ValueError as exc:
-        parser.error(f"--bus: {exc}")
-    if scheme == "embedded":
-        for flag, value in (("--group", args.group), ("--topic-prefix", args.topic_prefix),
-                            ("--instance-id", args.instance_id)):
-            if value is not None:
-                parser.error(f"{flag} applies to kafka:// buses only (the embedded bus has "
-                             "one reader)")
+    open_consumer = consumer_factory(args.ingest_parser, args)
     worker_id = args.worker_id or new_worker_id()
 
     if args.lake:
@@ -118,9 +134,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         target = f"database {db}"
     try:
         try:
-            consumer = open_consumer(args.bus, group=args.group or DEFAULT_GROUP,
-                                     topic_prefix=args.topic_prefix or "",
-                                     instance_id=args.instance_id)
+            consumer = open_consumer()
         except Exception as exc:  # NoBrokersAvailable and friends
             print(f"fleetcare ingest: cannot read {args.bus} ({exc!r}): is the broker "
                   "running and reachable from here?", file=sys.stderr)
