@@ -213,3 +213,27 @@ def test_an_unknown_query_parameter_is_named_not_ignored(client):
         r.json()["message"])
     assert client.get("/v1/risk", params={"limit": "5"}).status_code == 200
     assert client.get("/healthz", params={"verbose": "1"}).status_code == 422
+
+
+def test_one_meaning_of_latest_score_for_api_metrics_and_drains(client, fleet, store):
+    """Issue 11: /v1/drain-candidates and the drain controller disagreed on the latest
+    score. A node missing from the last three scoring runs drops out of every reader."""
+    from fleetcare.api.drains import DrainController
+    from tests.api.test_drains_controller import FakeDrainer
+
+    t = fleet.T0
+    fleet.node_score("gone", 0.99, ts=t)                      # stopped reporting after run 1
+    for k in range(4):
+        fleet.node_score("here", 0.9, ts=t + dt.timedelta(minutes=k))
+    assert names(client.get("/v1/risk")) == ["here"]
+    cands = client.get("/v1/drain-candidates").json()["candidates"]
+    assert [n["node"] for n in cands] == ["here"]
+    assert 'node="gone"' not in client.get("/metrics").text
+    assert 'node="here"' in client.get("/metrics").text
+    report = DrainController(store, FakeDrainer(["here", "gone"]),
+                             clock=lambda: (t + dt.timedelta(minutes=5)).replace(
+                                 tzinfo=UTC).timestamp()).run_once()
+    assert report.by_action("drain") == ["here"] and report.fleet_size == 1
+    # the node's own page still shows its last score, with its time
+    detail = client.get("/v1/nodes/gone").json()
+    assert detail["risk"] == 0.99 and detail["scored_at"] == t.isoformat() + "Z"

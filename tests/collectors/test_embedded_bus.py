@@ -79,3 +79,31 @@ def test_bound_is_enforced_and_reported(tmp_path: Path) -> None:
 def test_url_must_name_a_path() -> None:
     with pytest.raises(ValueError, match="embedded://PATH"):
         EmbeddedBus.from_url("embedded://")
+
+
+def test_a_consumer_freeing_segments_never_breaks_a_producer_appending(tmp_path: Path) -> None:
+    """Found by the live-equals-batch test (issue 11): a commit deleted a consumed segment
+    between a producer listing the segments and sizing them (FileNotFoundError in send)."""
+    import threading
+
+    bus = EmbeddedBus(tmp_path, segment_bytes=200)
+    con = EmbeddedConsumer(tmp_path)
+    got: list[int] = []
+    done = threading.Event()
+
+    def consume() -> None:
+        while not done.is_set() or con.lag_bytes():
+            got.extend(decode_batch(r.value).seq for r in con.poll(max_records=3))
+            con.commit()
+
+    t = threading.Thread(target=consume)
+    t.start()
+    try:
+        for i in range(1, 801):
+            bus.send(b("n1", i))
+            if i % 50 == 0:
+                bus.flush()
+    finally:
+        done.set()
+        t.join(30)
+    assert got == list(range(1, 801))

@@ -11,7 +11,15 @@ import pytest
 
 from fleetcare.models import registry
 from fleetcare.models.model import FailureModel
-from fleetcare.models.scoring import ScoreError, latest_gpu_scores, latest_node_scores, score
+from fleetcare.models.scoring import (
+    LATEST_RUNS,
+    ScoreError,
+    ScoreRetention,
+    latest_gpu_scores,
+    latest_node_scores,
+    prune,
+    score,
+)
 
 from .conftest import T0, planted_rows
 
@@ -78,3 +86,39 @@ def test_only_the_riskiest_gpus_are_explained_on_large_fleets(store):
     top_node = part.node_scores.to_pylist()[0]
     assert top_node["top_gpu_uuid"] == "GPU-2"
     assert json.loads(top_node["reasons"])[0].startswith("GPU 0: f0 3")
+
+
+def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(store):
+    """Issue 11: one meaning of "latest" for every reader (a node missing from the last
+    ``LATEST_RUNS`` runs has no latest score); pruning keeps recent runs and one per hour."""
+    X, y = planted_rows(3000, seed=4)
+    model = FailureModel(n_estimators=20).fit(X[:2000], y[:2000], X_cal=X[2000:], y_cal=y[2000:])
+    registry.save(store, model, created_at=T0)
+    score(store, at=T0, features=_features(T0, [0.0, 0.0, 3.0, 0.0]))   # node-0, node-1
+    for k in range(1, LATEST_RUNS):                                    # node-0 only
+        t = T0 + dt.timedelta(minutes=k)
+        score(store, at=t, features=_features(t, [0.0, 1.0]))
+    assert sorted(latest_node_scores(store).column("node").to_pylist()) == ["node-0", "node-1"]
+    t = T0 + dt.timedelta(minutes=LATEST_RUNS)
+    score(store, at=t, features=_features(t, [0.0, 1.0]))
+    assert latest_node_scores(store).column("node").to_pylist() == ["node-0"]
+    assert set(latest_gpu_scores(store).column("gpu_uuid").to_pylist()) == {"GPU-0", "GPU-1"}
+
+    # a day of runs every 10 minutes: prune keeps the last 5 runs and the first of each hour
+    for k in range(1, 24 * 6):
+        t = T0 + dt.timedelta(hours=1, minutes=10 * k)
+        score(store, at=t, features=_features(t, [0.0, 1.0]))
+    runs = lambda: [r[0] for r in store.cursor().execute(  # noqa: E731
+        "SELECT DISTINCT ts FROM node_scores ORDER BY ts").fetchall()]
+    before = runs()
+    deleted = prune(store, ScoreRetention(keep_runs=5, keep_hourly=dt.timedelta(hours=6)))
+    after = runs()
+    newest = before[-1]
+    window = [t for t in before if t >= newest - dt.timedelta(hours=6)]
+    hourly = {min(t for t in window if t.replace(minute=0) == h)
+              for h in {t.replace(minute=0) for t in window}}
+    want = sorted(set(before[-5:]) | hourly)
+    assert after == want and deleted > 0
+    assert latest_node_scores(store).column("ts").to_pylist() == [newest]
+    with pytest.raises(ValueError, match="LATEST_RUNS"):
+        ScoreRetention(keep_runs=1)

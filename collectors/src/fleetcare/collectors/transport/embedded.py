@@ -15,11 +15,13 @@ agent counts it and keeps the batch in its own spool or drops it, loudly).
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import logging
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 from fleetcare.collectors.contract import Batch, WireFormat, encode_batch
@@ -45,6 +47,17 @@ def _segments(root: Path) -> list[int]:
 
 def _seg_path(root: Path, n: int) -> Path:
     return root / f"seg-{n:012d}.log"
+
+
+@contextlib.contextmanager
+def _locked(root: Path) -> Iterator[None]:
+    """The bus folder's lock: producers append and the consumer frees segments under it."""
+    with open(root / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 class EmbeddedBus:
@@ -80,9 +93,7 @@ class EmbeddedBus:
         self.sent += 1
 
     def _append(self, rec: bytes) -> None:
-        lock = open(self.root / ".lock", "a")  # noqa: SIM115 - held for the append only
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with _locked(self.root):
             segs = _segments(self.root)
             total = sum(_seg_path(self.root, n).stat().st_size for n in segs)
             if total + len(rec) > self.max_bytes:
@@ -95,19 +106,17 @@ class EmbeddedBus:
             with open(_seg_path(self.root, n), "ab") as f:
                 f.write(rec)
             self._dirty.add(n)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-            lock.close()
 
     def flush(self, timeout_s: float | None = None) -> None:
         for n in list(self._dirty):
-            p = _seg_path(self.root, n)
-            if p.exists():
-                fd = os.open(p, os.O_RDONLY)
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+            try:
+                fd = os.open(_seg_path(self.root, n), os.O_RDONLY)
+            except FileNotFoundError:
+                continue  # consumed and freed meanwhile: nothing left to make durable
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
         self._dirty.clear()
 
     def close(self) -> None:
@@ -170,9 +179,10 @@ class EmbeddedConsumer:
         tmp = self._offset_file.with_suffix(".tmp")
         tmp.write_text(json.dumps({"segment": self._seg, "position": self._pos}))
         os.replace(tmp, self._offset_file)
-        for n in _segments(self.root):
-            if n < self._seg:
-                _seg_path(self.root, n).unlink(missing_ok=True)
+        with _locked(self.root):  # a producer appending must not see a segment vanish
+            for n in _segments(self.root):
+                if n < self._seg:
+                    _seg_path(self.root, n).unlink(missing_ok=True)
 
     def lag_bytes(self) -> int:
         total = 0
