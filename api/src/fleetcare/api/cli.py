@@ -164,9 +164,10 @@ def _print_top(top: list[dict[str, Any]]) -> None:
 
 
 def open_store(db: str, *, lake: str | None = None, create: bool = False,
-               sync: bool = False) -> Any:
+               create_lake: bool = False, sync: bool = False) -> Any:
     """The store at ``db`` (its raw telemetry in ``lake`` when given). ``create``: make a
-    new database; otherwise it must exist. ``sync``: read the lake's new files first."""
+    new database, ``create_lake`` a new lake; otherwise they must exist. ``sync``: read
+    the lake's new files first."""
     from fleetcare.pipeline.store import Store
 
     if create:
@@ -178,7 +179,7 @@ def open_store(db: str, *, lake: str | None = None, create: bool = False,
     from fleetcare.pipeline.lake_feed import open_state
 
     try:
-        store = open_state(db, lake)
+        store = open_state(db, lake, create=create_lake)
     except FileNotFoundError as exc:
         raise CliError(str(exc)) from None
     while sync and store.raw.sync(store).files:
@@ -214,7 +215,8 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
         from fleetcare.api.commands.ingest import consumer_factory
 
         open_consumer = consumer_factory(args.serve_parser, args)
-    store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.bus or args.lake))
+    store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.bus or args.lake),
+                       create_lake=True)
     from fleetcare.api.alerts import AlertEngine, load_config
 
     drains = _drain_controller(store, args.drain_scheduler, args.drain_execute)

@@ -10,6 +10,7 @@ Neither configures logging handlers (uvicorn's ``log_config`` is off): the CLI d
 
 from __future__ import annotations
 
+import signal
 import socket
 import threading
 import time
@@ -33,8 +34,27 @@ def _server(store: Store, host: str, port: int, log_level: str,
 
 def serve(store: Store, host: str = "127.0.0.1", port: int = 8000, *,
           log_level: str = "info", app: FastAPI | None = None) -> None:
-    """Serve the API on ``host:port`` until SIGINT/SIGTERM (blocking)."""
-    _server(store, host, port, log_level, app).run()
+    """Serve the API on ``host:port`` until SIGINT/SIGTERM (blocking), then return.
+
+    uvicorn re-raises the signal that stopped it once it has shut down; with the default
+    handlers that would end the process before the caller stops its ingest and scoring
+    threads and closes the database. Here the signal is answered by a handler that does
+    nothing, so ``serve`` returns and the caller shuts down in order.
+    """
+    server = _server(store, host, port, log_level, app)
+    if threading.current_thread() is not threading.main_thread():
+        server.run()
+        return
+    previous = {s: signal.signal(s, _stopped) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _stopped(signum: int, frame: object) -> None:
+    """The signal uvicorn re-raises after its shutdown: already handled."""
 
 
 def bound_port(server: uvicorn.Server) -> int:

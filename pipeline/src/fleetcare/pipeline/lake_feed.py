@@ -82,8 +82,10 @@ class LakeTelemetry:
 
     kind = "lake"
 
-    def __init__(self, root: str | Path) -> None:
+    def __init__(self, root: str | Path, *, create: bool = False) -> None:
         self.root = Path(root)
+        if create:
+            lake.ensure_layout(self.root)  # the service may start before any worker
         if not self.root.is_dir():
             raise FileNotFoundError(
                 f"lake {self.root} does not exist: start `fleetcare ingest --lake "
@@ -275,9 +277,11 @@ def _remove_if_empty(folder: Path) -> None:
             return
 
 
-def open_state(db: str | Path, lake_root: str | Path, *, read_only: bool = False) -> Store:
-    """The service's state DB over the lake at ``lake_root`` (``store.raw`` reads it)."""
-    raw = LakeTelemetry(lake_root)
+def open_state(db: str | Path, lake_root: str | Path, *, read_only: bool = False,
+               create: bool = False) -> Store:
+    """The service's state DB over the lake at ``lake_root`` (``store.raw`` reads it);
+    ``create`` makes the lake's folders when they are missing."""
+    raw = LakeTelemetry(lake_root, create=create)
     store = Store(db, read_only=read_only, raw=raw)
     if not read_only:
         try:
