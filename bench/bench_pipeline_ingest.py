@@ -1,6 +1,7 @@
 """Ingest from the real Kafka broker (deploy/kafka) into DuckDB and into the Parquet lake,
-against the plain consume rate of the same consumer (poll + decode, no writes); and two
-lake workers in one consumer group against one.
+against the plain consume rate of the same consumer (poll + decode, no writes); two
+lake workers in one consumer group against one; and ``serve --lake``'s incremental read
+of the lake one worker wrote (new files' stats and newest samples, then the rollups).
 
     .venv/bin/python bench/bench_pipeline_ingest.py [--nodes 128] [--ticks 60] [--bus kafka://127.0.0.1:9092]
 
@@ -114,7 +115,31 @@ def run_case(role: str, workers: int, args: argparse.Namespace, prefix: str, tmp
     last = max(r["last"] for r in results)
     return {"samples": samples, "records": sum(r["records"] for r in results),
             "seconds": round(last - first, 3), "samples_per_s": round(samples / (last - first)),
-            "join_s": round(first - min(r["started"] for r in results), 2)}
+            "join_s": round(first - min(r["started"] for r in results), 2), "out": str(out)}
+
+
+def lake_read(lake: Path, state: Path, samples: int) -> dict:
+    """The service's incremental read of a lake it has not seen: ``sync`` (new files'
+    stats, events, each GPU's newest sample) and the rollup of every hour from them."""
+    from fleetcare.pipeline import features
+    from fleetcare.pipeline.lake_feed import open_state
+
+    store = open_state(state, lake)
+    t0 = time.perf_counter()
+    files = 0
+    while (got := store.raw.sync(store)).files:
+        files += got.files
+    t1 = time.perf_counter()
+    features.refresh(store)
+    t2 = time.perf_counter()
+    rolled = store.cursor().execute("SELECT sum(n) FROM telemetry_hourly").fetchone()[0]
+    store.close()
+    if rolled != samples:
+        raise SystemExit(f"lake read: rolled up {rolled} samples, expected {samples}")
+    return {"samples": samples, "files": files, "sync_s": round(t1 - t0, 3),
+            "rollup_s": round(t2 - t1, 3),
+            "samples_per_s": round(samples / (t2 - t0)),
+            "rollup_samples_per_s": round(samples / (t2 - t1))}
 
 
 def produce(args: argparse.Namespace, prefix: str) -> tuple[int, int]:
@@ -171,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cases = {(role, n): run_case(role, n, args, prefix, Path(tmp), samples)
                  for role, n in (("consume", 1), ("duckdb", 1), ("lake", 1), ("lake", 2))}
+        read = lake_read(Path(cases[("lake", 1)]["out"]) / "lake", Path(tmp) / "state.duckdb",
+                         samples)
+    for c in cases.values():
+        c.pop("out")
     base = cases[("consume", 1)]["samples_per_s"]
     common = {"nodes": args.nodes, "gpus": args.nodes * 8, "batches": batches,
               "samples": samples, "partitions_per_topic": 6, "produce_s": round(produce_s, 1)}
@@ -183,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     report("ingest_kafka_lake_two_workers", {**common, **two,
                                              "speedup_vs_one": round(
                                                  two["samples_per_s"] / one["samples_per_s"], 3)})
+    report("serve_lake_incremental_read", {**common, **read,
+                                           "ratio_to_one_lake_worker": round(
+                                               read["samples_per_s"] / one["samples_per_s"], 3)})
     return 0
 
 

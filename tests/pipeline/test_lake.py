@@ -221,3 +221,15 @@ def test_two_workers_creating_one_lake_at_once_do_not_collide(tmp_path: Path, mo
     for t in TABLES.values():
         assert pq.read_schema(tmp_path / t.name / SCHEMA_FILE) == t.schema
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_restarted_worker_with_the_same_id_never_overwrites_its_files(tmp_path: Path) -> None:
+    """A fixed --worker-id (a pod name) restarts its file sequence at 1: the files of the
+    previous run, whose offsets are committed, must stay."""
+    for run in range(2):
+        lake = LakeWriter(tmp_path, worker_id="pod-0")
+        write(lake, ["a"], range(run * 10, run * 10 + 10))
+    con = open_lake(tmp_path)
+    assert con.execute("SELECT count(*) FROM lake_telemetry").fetchone()[0] == 20 * GPUS
+    names = sorted(p.name for p in (tmp_path / "telemetry").rglob("pod-0-*.parquet"))
+    assert names == ["pod-0-00000001.parquet", "pod-0-00000002.parquet"]

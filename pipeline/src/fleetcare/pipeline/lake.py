@@ -81,8 +81,11 @@ def new_worker_id() -> str:
     return f"{host}-{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def write_atomic(table: pa.Table, path: Path) -> None:
-    """Write ``table`` to ``path`` so that a reader sees the whole file or nothing."""
+def write_atomic(table: pa.Table, path: Path, *, replace: bool = True) -> None:
+    """Write ``table`` to ``path`` so that a reader sees the whole file or nothing.
+
+    ``replace=False``: never replace an existing file (``FileExistsError`` instead); a
+    data file is never overwritten, whatever its writer's name."""
     path.parent.mkdir(parents=True, exist_ok=True)
     # a name of its own: two workers starting on one lake both write _schema.parquet
     tmp = path.with_name(f".{path.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
@@ -91,7 +94,11 @@ def write_atomic(table: pa.Table, path: Path) -> None:
             pq.write_table(table, f, compression=COMPRESSION)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            os.link(tmp, path)  # atomic, and fails if the name is taken
+            tmp.unlink()
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -164,9 +171,14 @@ class LakeWriter:
                 continue
             data = pa.concat_tables(tables)
             for part, rows in _partitions(data, TABLES[name].time_column):
-                path = (self.root / name / part
-                        / f"{self.worker_id}-{next(self._seq):08d}.parquet")
-                write_atomic(rows, path)
+                while True:  # a restarted worker of the same id counts from 1 again
+                    path = (self.root / name / part
+                            / f"{self.worker_id}-{next(self._seq):08d}.parquet")
+                    try:
+                        write_atomic(rows, path, replace=False)
+                        break
+                    except FileExistsError:
+                        continue
                 files += 1
                 self.rows_written += rows.num_rows
             tables.clear()
