@@ -236,3 +236,52 @@ def test_train_promotes_only_a_better_model(small_db: Path) -> None:
     con.close()
     assert len(current) == 1
     assert (current[0][0] == new_id) == (" beats " in line or "no current model" in line)
+
+
+def test_serve_on_a_database_another_process_holds_is_one_line(tmp_path: Path) -> None:
+    """Issue 11: `ingest --db` and `serve --db` side by side printed DuckDB's lock error as
+    a traceback. One line now, naming the fix (ingest inside serve, or the lake)."""
+    db = tmp_path / "f.duckdb"
+    holder = subprocess.Popen([*FLEETCARE, "ingest", "--bus", f"embedded://{tmp_path / 'bus'}",
+                               "--db", str(db)], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not db.exists():
+            assert time.monotonic() < deadline and holder.poll() is None
+            time.sleep(0.1)
+        time.sleep(1.0)
+        out = run("serve", "--db", str(db), "--no-auth", "--port", str(_free_port()),
+                  timeout=60)
+    finally:
+        holder.terminate()
+        holder.communicate(timeout=60)
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    lines = [x for x in out.stderr.splitlines() if x.startswith("fleetcare serve:")]
+    assert len(lines) == 1 and "one writing process" in lines[0], out.stderr
+    assert "serve --bus" in lines[0]
+
+
+def test_bus_and_lake_come_from_the_config_too(tmp_path: Path) -> None:
+    """`[cli] bus` / FLEETCARE_CLI_BUS name the bus as the flag does; --bus and --lake
+    together (flag or config) are a usage error naming both."""
+    from fleetcare.collectors.contract import SCHEMA_VERSION, Batch, GpuSample
+    from fleetcare.collectors.transport.embedded import EmbeddedBus
+
+    now = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=5)
+    bus = EmbeddedBus(tmp_path / "bus")
+    bus.send(Batch(schema_version=SCHEMA_VERSION, node="n1", seq=1, sent_at=now, samples=[
+        GpuSample(ts=now, node="n1", gpu_uuid="GPU-1", gpu_index=0, pci_bus_id="0000:18:00.0",
+                  model="H100")]))
+    bus.flush()
+    env = {**os.environ, "FLEETCARE_CLI_BUS": f"embedded://{tmp_path / 'bus'}"}
+    out = subprocess.run([*FLEETCARE, "ingest", "--db", str(tmp_path / "f.duckdb"),
+                          "--exit-when-idle", "0.5", "--json"], capture_output=True,
+                         text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["samples"] == 1
+    env["FLEETCARE_CLI_LAKE"] = str(tmp_path / "lake")
+    out = subprocess.run([*FLEETCARE, "serve", "--db", str(tmp_path / "s.duckdb")],
+                         capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 2 and "--bus and --lake" in out.stderr

@@ -19,7 +19,7 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,33 @@ class CliError(Exception):
 
 @dataclass(frozen=True)
 class Settings:
+    """The ``[cli]`` table; every key is also ``FLEETCARE_CLI_<KEY>``; flags win."""
+
     db: str = "var/fleetcare.duckdb"
     host: str = "127.0.0.1"
     port: int = 8000
     horizon: str = "24h"
     seed: int = 0
     log_level: str = "warning"
+    # where serve / ingest read from: a bus (kafka://... or embedded://...) or a lake
+    bus: str | None = None
+    lake: str | None = None
+    group: str | None = None
+    topic_prefix: str | None = None
+    # a secured Kafka cluster (kafka-python's names): serve --bus and ingest
+    kafka_security_protocol: str | None = None
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_plain_username: str | None = None
+    kafka_sasl_plain_password: str | None = None
+
+    def kafka_security(self) -> dict[str, str]:
+        """The Kafka security options that are set, by kafka-python's names."""
+        prefix = "kafka_"
+        return {f.name[len(prefix):]: getattr(self, f.name) for f in fields(self)
+                if f.name.startswith(prefix) and getattr(self, f.name) is not None}
 
 
 def _print_json(obj: object) -> None:
@@ -210,11 +231,10 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
                   "tokens with `fleetcare tokens create`", file=sys.stderr)
             return 2
         log.warning("serve.no_auth host=%s: the API accepts requests without a token", host)
-    open_consumer = None
-    if args.bus:
-        from fleetcare.api.commands.ingest import consumer_factory
+    from fleetcare.api.commands.ingest import consumer_factory, resolve_source
 
-        open_consumer = consumer_factory(args.serve_parser, args)
+    resolve_source(args.serve_parser, args, cfg)
+    open_consumer = consumer_factory(args.serve_parser, args, cfg) if args.bus else None
     store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.bus or args.lake),
                        create_lake=True)
     from fleetcare.api.alerts import AlertEngine, load_config

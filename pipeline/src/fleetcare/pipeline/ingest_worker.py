@@ -75,8 +75,10 @@ class WorkerSummary:
 
 
 def open_consumer(bus_url: str, *, group: str = DEFAULT_GROUP, topic_prefix: str = "",
-                  instance_id: str | None = None, **consumer_config: Any) -> BusConsumer:
-    """The consumer for ``embedded://PATH`` or ``kafka://HOST:PORT`` (one group member)."""
+                  instance_id: str | None = None, security: dict[str, Any] | None = None,
+                  **consumer_config: Any) -> BusConsumer:
+    """The consumer for ``embedded://PATH`` or ``kafka://HOST:PORT`` (one group member);
+    ``security``: kafka-python's ``security_protocol`` / ``ssl_*`` / ``sasl_*`` options."""
     if bus_scheme(bus_url) == "embedded":
         from fleetcare.collectors.transport.embedded import EmbeddedConsumer
 
@@ -84,7 +86,7 @@ def open_consumer(bus_url: str, *, group: str = DEFAULT_GROUP, topic_prefix: str
     if instance_id:
         consumer_config["group_instance_id"] = instance_id
     return KafkaConsumerSource(parse_url(bus_url), group_id=group, topic_prefix=topic_prefix,
-                               consumer_config=consumer_config)
+                               security=security, consumer_config=consumer_config)
 
 
 class _CommitGate:

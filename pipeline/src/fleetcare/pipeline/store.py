@@ -124,7 +124,9 @@ class Store:
             raise StoreError(
                 self.path,
                 f"cannot open the database ({exc}). DuckDB allows one writing process per "
-                "file: stop the other fleetcare process, or read through its API.",
+                "file: stop the other fleetcare process, or go through its API; to ingest "
+                "while serving, let the service ingest (`fleetcare serve --bus`) or scale "
+                "out with `fleetcare ingest --lake` workers and `fleetcare serve --lake`.",
             ) from exc
         self._lock = threading.RLock()
         if not read_only:

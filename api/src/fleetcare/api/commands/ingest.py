@@ -56,9 +56,25 @@ def add_consumer_arguments(p: argparse.ArgumentParser) -> None:
                         "without a rebalance (Kafka only)")
 
 
-def consumer_factory(parser: argparse.ArgumentParser, args: argparse.Namespace
-                     ) -> Callable[[], Any]:
-    """A function opening one group member on ``args.bus`` (checked; usage errors exit 2)."""
+def resolve_source(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                   cfg: Any) -> None:
+    """Fill ``args.bus`` / ``args.lake`` / ``args.group`` / ``args.topic_prefix`` from the
+    ``[cli]`` config (``FLEETCARE_CLI_BUS`` ...) where no flag gave them; both a bus and a
+    lake for ``serve`` is a usage error."""
+    for name in ("bus", "lake", "group", "topic_prefix"):
+        if name == "lake" and parser.prog.endswith("ingest") and args.db:
+            continue  # ingest --db: the flag chose the database over a configured lake
+        if getattr(args, name, None) is None:
+            setattr(args, name, getattr(cfg, name, None))
+    if args.bus and args.lake and parser.prog.endswith("serve"):
+        parser.error("--bus and --lake (or the [cli] bus and lake settings) exclude each "
+                     "other: serve ingests from a bus, or reads a lake ingest workers write")
+
+
+def consumer_factory(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                     cfg: Any = None) -> Callable[[], Any]:
+    """A function opening one group member on ``args.bus`` (checked; usage errors exit 2).
+    Kafka security options come from the ``[cli]`` config (``Settings.kafka_security``)."""
     from fleetcare.collectors.transport.factory import bus_scheme
     from fleetcare.pipeline.ingest_worker import DEFAULT_GROUP, open_consumer
 
@@ -73,10 +89,12 @@ def consumer_factory(parser: argparse.ArgumentParser, args: argparse.Namespace
                 parser.error(f"{flag} applies to kafka:// buses only (the embedded bus has "
                              "one reader)")
 
+    security = cfg.kafka_security() if cfg is not None and scheme == "kafka" else {}
+
     def opener() -> Any:
         return open_consumer(args.bus, group=args.group or DEFAULT_GROUP,
                              topic_prefix=args.topic_prefix or "",
-                             instance_id=args.instance_id)
+                             instance_id=args.instance_id, security=security)
 
     return opener
 
@@ -88,8 +106,9 @@ def add_parser(subparsers: Any) -> None:
                     "in DuckDB (one host) or in a Parquet lake partitioned by date and hour "
                     "(several workers in one consumer group). Offsets are committed only "
                     "after the rows are durable; re-read records land once.")
-    p.add_argument("--bus", required=True,
-                   help="kafka://HOST:PORT[,HOST:PORT] or embedded://PATH")
+    p.add_argument("--bus", default=None,
+                   help="kafka://HOST:PORT[,HOST:PORT] or embedded://PATH (default: the "
+                        "[cli] bus setting, FLEETCARE_CLI_BUS)")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--db", help="DuckDB file (one host; default: the configured db)")
     where.add_argument("--lake", help="Parquet lake folder (scale-out workers)")
@@ -117,7 +136,11 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
     from fleetcare.pipeline.lake import LakeWriter, new_worker_id
     from fleetcare.pipeline.store import Store, StoreError
 
-    open_consumer = consumer_factory(args.ingest_parser, args)
+    resolve_source(args.ingest_parser, args, cfg)
+    if not args.bus:
+        args.ingest_parser.error("--bus is required (or the [cli] bus setting, "
+                                 "FLEETCARE_CLI_BUS)")
+    open_consumer = consumer_factory(args.ingest_parser, args, cfg)
     worker_id = args.worker_id or new_worker_id()
 
     if args.lake:
