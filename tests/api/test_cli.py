@@ -88,7 +88,8 @@ def test_simulate_writes_history(small_db: Path) -> None:
 
 
 def test_train_then_score_json_contract(small_db: Path) -> None:
-    out = run("train", "--db", str(small_db), "--horizon", "24h", "--json")
+    out = run("train", "--db", str(small_db), "--horizon", "24h", "--min-failures", "5",
+              "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert set(doc) == {"model_id", "metrics"}
@@ -110,7 +111,8 @@ def _free_port() -> int:
 
 def test_serve_answers_over_http(small_db: Path) -> None:
     if run("score", "--db", str(small_db), "--json").returncode != 0:  # needs a model
-        assert run("train", "--db", str(small_db), "--json").returncode == 0
+        assert run("train", "--db", str(small_db), "--min-failures", "5",
+                   "--json").returncode == 0
         assert run("score", "--db", str(small_db)).returncode == 0
     port = _free_port()
     proc = subprocess.Popen([*FLEETCARE, "serve", "--db", str(small_db), "--port", str(port),
@@ -226,7 +228,7 @@ def test_train_promotes_only_a_better_model(small_db: Path) -> None:
     period; stdout keeps the contract's keys, the decision goes to stderr."""
     import duckdb
 
-    out = run("train", "--db", str(small_db), "--seed", "3", "--json")
+    out = run("train", "--db", str(small_db), "--seed", "3", "--min-failures", "5", "--json")
     assert out.returncode == 0, out.stderr
     new_id = json.loads(out.stdout)["model_id"]
     assert set(json.loads(out.stdout)) == {"model_id", "metrics"}
@@ -285,3 +287,22 @@ def test_bus_and_lake_come_from_the_config_too(tmp_path: Path) -> None:
     out = subprocess.run([*FLEETCARE, "serve", "--db", str(tmp_path / "s.duckdb")],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 2 and "--bus and --lake" in out.stderr
+
+
+def test_train_with_too_few_failures_is_one_line_and_keeps_the_model(small_db: Path) -> None:
+    """Issue 12: `fleetcare train` on a fleet without enough failures said nothing useful
+    (a traceback ending in FitError on a new cluster). One line: how many failures it saw
+    and about how many it needs; exit 1; the current model stays."""
+    import duckdb
+
+    def current() -> list[tuple[str]]:
+        with duckdb.connect(str(small_db), read_only=True) as con:
+            return con.execute("SELECT model_id FROM models WHERE is_current").fetchall()
+
+    before = current()
+    out = run("train", "--db", str(small_db), "--min-failures", "500")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("fleetcare train: ") and "needs about 500 in training" in lines[0]
+    assert current() == before

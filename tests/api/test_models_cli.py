@@ -41,8 +41,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
     p = cli("simulate", "--nodes", "24", "--days", "12", "--seed", "5", "--failure-scale",
             "20", "--interval", "10m", "--db", db)
     assert p.returncode == 0, p.stderr
-    first = ok_json("train", "--db", db, "--seed", "0")["model_id"]
-    second = ok_json("train", "--db", db, "--seed", "1", "--no-promote")["model_id"]
+    first = ok_json("train", "--db", db, "--seed", "0", "--min-failures", "5")["model_id"]
+    second = ok_json("train", "--db", db, "--seed", "1", "--no-promote",
+                     "--min-failures", "5")["model_id"]
     assert first != second
     return db, first, second
 

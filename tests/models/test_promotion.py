@@ -29,7 +29,7 @@ def trained(store):
     """A store with planted failures, a trained (current) model and a blind one saved
     later on the same ranges (not current)."""
     _plant(store)
-    good = train(store, horizon_h=24, seed=0, params={"n_estimators": 60},
+    good = train(store, horizon_h=24, seed=0, params={"n_estimators": 60}, min_failures=1,
                  created_at=T0 + dt.timedelta(days=DAYS))
     rec = good.record
     blind = registry.save(store, _blind_model(), metrics={}, train_range=rec.train_range,

@@ -10,6 +10,7 @@ import datetime as dt
 import json
 
 import numpy as np
+import pytest
 
 from fleetcare.collectors.contract import Incident
 from fleetcare.models import registry
@@ -69,7 +70,7 @@ def test_train_register_and_score(store):
     _plant(store)
     stages: list[str] = []
     result = train(store, horizon_h=24, seed=0, progress=stages.append,
-                   params={"n_estimators": 60},
+                   params={"n_estimators": 60}, min_failures=1,
                    created_at=T0 + dt.timedelta(days=DAYS))
     json.dumps(result.metrics, allow_nan=False)
     m = result.metrics
@@ -91,3 +92,20 @@ def test_train_register_and_score(store):
     latest = latest_node_scores(store)
     assert latest.num_rows == scored.node_scores.num_rows
     assert isinstance(json.loads(latest.column("reasons")[0].as_py()), list)
+
+
+def test_too_few_failures_is_a_clear_error_and_registers_nothing(store):
+    """Issue 12: a fleet's own model needs enough failures; below the bound ``train``
+    says how many it saw and needs, and the registry is untouched."""
+    from fleetcare.models import registry
+    from fleetcare.models.training import NotEnoughFailures
+
+    _plant(store)
+    with pytest.raises(NotEnoughFailures) as err:
+        train(store, horizon_h=24, seed=0, params={"n_estimators": 10}, min_failures=500)
+    e = err.value
+    assert 0 < e.train < 500 and e.needed == 500 and e.total >= e.train + e.cal
+    assert str(e).startswith(f"{e.total} failures in this fleet's history ({e.train} in the "
+                             f"training period, {e.cal} in calibration): a model of its own "
+                             "needs about 500 in training")
+    assert registry.list_models(store) == []

@@ -113,12 +113,13 @@ def cmd_simulate(args: argparse.Namespace, cfg: Settings) -> int:
 
 
 # -- train / score ---------------------------------------------------------------------------
-def _train(store: Any, horizon_h: float, seed: int) -> Any:
-    from fleetcare.models.training import train
+def _train(store: Any, horizon_h: float, seed: int, min_failures: int | None = None) -> Any:
+    from fleetcare.models.training import MIN_TRAIN_FAILURES, train
     from fleetcare.pipeline import features
 
     features.refresh(store)
-    return train(store, horizon_h=horizon_h, seed=seed)
+    return train(store, horizon_h=horizon_h, seed=seed,
+                 min_failures=MIN_TRAIN_FAILURES if min_failures is None else min_failures)
 
 
 def _model_json(result: Any) -> dict[str, Any]:
@@ -128,7 +129,14 @@ def _model_json(result: Any) -> dict[str, Any]:
 def cmd_train(args: argparse.Namespace, cfg: Settings) -> int:
     horizon_h = parse_duration(args.horizon or cfg.horizon) / 3600
     store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.lake), sync=True)
-    result = _train(store, horizon_h, args.seed if args.seed is not None else cfg.seed)
+    from fleetcare.models.training import TrainError
+
+    try:
+        result = _train(store, horizon_h, args.seed if args.seed is not None else cfg.seed,
+                        args.min_failures)
+    except TrainError as exc:
+        store.close()
+        raise CliError(str(exc)) from None
     if args.no_promote:
         why = (f"{result.model_id} registered, not promoted (--no-promote): "
                f"`fleetcare models promote {result.model_id}` compares it with the current one")
@@ -321,6 +329,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "workers); --db is then the service's state DB (created if missing)")
     t.add_argument("--horizon", default=None, help="predict failures within this time (default 24h)")
     t.add_argument("--seed", type=int, default=None)
+    t.add_argument("--min-failures", type=int, default=None, metavar="N",
+                   help="node failures the training period must hold before a model of this "
+                        "fleet is fitted (default 30; below it the fleet prior scores "
+                        "better)")
     t.add_argument("--no-promote", action="store_true",
                    help="register the model without comparing it with the current one "
                         "(default: it becomes current only if it beats it on its held-out period)")

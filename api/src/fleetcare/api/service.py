@@ -31,7 +31,7 @@ from collections.abc import Callable
 from fleetcare.api.alerts import AlertEngine
 from fleetcare.api.drains import DrainController
 from fleetcare.collectors.transport import BusConsumer
-from fleetcare.models import registry, scoring
+from fleetcare.models import prior, scoring
 from fleetcare.pipeline import features, incidents, retention
 from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
@@ -105,7 +105,7 @@ class Service:
             retention.apply(self.store, self.keep_raw, now=newest)
             scoring.prune(self.store, self.keep_scores)
             self._retained_at = self.clock()
-        if registry.current(self.store) is not None:
+        if prior.ensure_current(self.store) is not None:  # the fleet prior until a fleet model
             scoring.score(self.store)
             self.scores += 1
             if self.alerts is not None:

@@ -66,8 +66,9 @@ class ModelFormatError(ModelError):
 Matrix: TypeAlias = "pa.Table | np.ndarray | Mapping[str, Any]"
 
 
-def as_matrix(X: Matrix, feature_names: Sequence[str] | None = None) -> tuple[np.ndarray, list[str]]:
-    """A float64 matrix (nulls → NaN) and its column names.
+def as_matrix(X: Matrix, feature_names: Sequence[str] | None = None, *,
+              dtype: Any = np.float64) -> tuple[np.ndarray, list[str]]:
+    """A float64 (or ``dtype``) matrix (nulls → NaN) and its column names.
 
     ``X`` is an Arrow table or a mapping of columns (columns picked by ``feature_names``
     when given, absent ones become all-NaN), or a 2-D array (columns in order).
@@ -77,17 +78,17 @@ def as_matrix(X: Matrix, feature_names: Sequence[str] | None = None) -> tuple[np
             X.column_names if isinstance(X, pa.Table) else X.keys()
         )
         n = X.num_rows if isinstance(X, pa.Table) else len(next(iter(X.values()), []))
-        out = np.full((n, len(cols)), np.nan, dtype=np.float64)
+        out = np.full((n, len(cols)), np.nan, dtype=dtype)
         present = X.column_names if isinstance(X, pa.Table) else list(X.keys())
         for j, name in enumerate(cols):
             if name not in present:
                 continue
             col = X.column(name) if isinstance(X, pa.Table) else X[name]
             if isinstance(col, pa.ChunkedArray | pa.Array):
-                col = pc.fill_null(pc.cast(col, pa.float64()), math.nan).to_numpy(zero_copy_only=False)
-            out[:, j] = np.asarray(col, dtype=np.float64)
+                col = pc.fill_null(col, math.nan).to_numpy(zero_copy_only=False)
+            out[:, j] = np.asarray(col, dtype=dtype)
         return out, cols
-    arr = np.asarray(X, dtype=np.float64)
+    arr = np.asarray(X, dtype=dtype)
     if arr.ndim != 2:
         raise ValueError(f"X must be 2-D (rows x features), got shape {arr.shape}")
     names = list(feature_names) if feature_names is not None else [f"f{i}" for i in range(arr.shape[1])]
@@ -109,7 +110,8 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 # -- calibration ------------------------------------------------------------------------
 def _fit_calibrator(margin: np.ndarray, y: np.ndarray, *, spw: float, method: str,
-                    min_isotonic_positives: int) -> dict[str, Any]:
+                    min_isotonic_positives: int,
+                    weight: np.ndarray | None = None) -> dict[str, Any]:
     n_pos = int(y.sum())
     if len(y) == 0 or n_pos == 0 or n_pos == len(y):
         return {"kind": "prior", "shift": -math.log(spw)}
@@ -120,14 +122,14 @@ def _fit_calibrator(margin: np.ndarray, y: np.ndarray, *, spw: float, method: st
         from sklearn.isotonic import IsotonicRegression
 
         iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
-        iso.fit(margin, y.astype(np.float64))
+        iso.fit(margin, y.astype(np.float64), sample_weight=weight)
         return {"kind": "isotonic", "x": [float(v) for v in iso.X_thresholds_],
                 "y": [float(v) for v in iso.y_thresholds_]}
     if kind == "sigmoid":
         from sklearn.linear_model import LogisticRegression
 
         lr = LogisticRegression(C=1e6, solver="lbfgs", max_iter=1000)
-        lr.fit(margin.reshape(-1, 1), y)
+        lr.fit(margin.reshape(-1, 1), y, sample_weight=weight)
         return {"kind": "sigmoid", "a": float(lr.coef_[0, 0]), "b": float(lr.intercept_[0])}
     raise ValueError(f"calibration={method!r}: use 'auto', 'isotonic' or 'sigmoid'")
 
@@ -228,8 +230,13 @@ class FailureModel:
         }
 
     def fit(self, X: Matrix, y: Any, *, X_cal: Matrix | None = None, y_cal: Any = None,
-            feature_names: Sequence[str] | None = None) -> FailureModel:
-        Xm, names = as_matrix(X, feature_names)
+            feature_names: Sequence[str] | None = None, sample_weight: Any = None,
+            cal_weight: Any = None) -> FailureModel:
+        """Fit the booster on ``X``/``y`` and the calibrator on ``X_cal``/``y_cal``.
+
+        ``sample_weight`` / ``cal_weight``: row weights, e.g. 1 / share for healthy rows
+        kept by down-sampling (``dataset.sample``), so both see the true base rate."""
+        Xm, names = as_matrix(X, feature_names, dtype=np.float32)
         yv = _as_labels(y)
         if len(yv) != Xm.shape[0]:
             raise ValueError(f"X has {Xm.shape[0]} rows but y has {len(yv)}")
@@ -244,7 +251,8 @@ class FailureModel:
             spw = min((len(yv) - n_pos) / n_pos, self.max_pos_weight)
         spw = max(float(spw), 1.0)
         params = self.lgb_params(spw, names)
-        data = lgb.Dataset(Xm, label=yv.astype(np.float64), feature_name=names,
+        wv = None if sample_weight is None else np.asarray(sample_weight, dtype=np.float64)
+        data = lgb.Dataset(Xm, label=yv.astype(np.float64), weight=wv, feature_name=names,
                            params={"verbosity": -1}, free_raw_data=True)
         booster = lgb.train(params, data, num_boost_round=self.n_estimators)
         self.booster_ = booster
@@ -253,18 +261,20 @@ class FailureModel:
         self.classes_ = np.array([False, True])
         self.scale_pos_weight_ = spw
         self.n_train_positives_ = n_pos
+        del Xm, data
         if X_cal is not None and y_cal is not None:
-            Xc, _ = as_matrix(X_cal, names) if not isinstance(X_cal, np.ndarray) else (
-                np.asarray(X_cal, dtype=np.float64), names)
+            Xc, _ = as_matrix(X_cal, names, dtype=np.float32) if not isinstance(
+                X_cal, np.ndarray) else (np.asarray(X_cal, dtype=np.float32), names)
             yc = _as_labels(y_cal)
             margin = np.asarray(booster.predict(Xc, raw_score=True, num_threads=self.num_threads))
         else:
             yc = np.zeros(0, dtype=bool)
             margin = np.zeros(0)
         self.n_cal_positives_ = int(yc.sum())
+        cw = None if cal_weight is None or not len(yc) else np.asarray(cal_weight, np.float64)
         self.calibrator_ = _fit_calibrator(
             margin, yc, spw=spw, method=self.calibration,
-            min_isotonic_positives=self.min_isotonic_positives)
+            min_isotonic_positives=self.min_isotonic_positives, weight=cw)
         return self
 
     # -- prediction ---------------------------------------------------------------------
@@ -273,16 +283,17 @@ class FailureModel:
             raise NotFittedError()
 
     def matrix(self, X: Matrix) -> np.ndarray:
-        """``X`` as the booster's input matrix (columns by name for tables)."""
+        """``X`` as the booster's input matrix (columns by name for tables), float32 as in
+        training: a value rounds the same way whether it is trained on or scored."""
         self._check()
         if isinstance(X, np.ndarray):
-            Xm = np.asarray(X, dtype=np.float64)
+            Xm = np.asarray(X, dtype=np.float32)
             if Xm.ndim != 2 or Xm.shape[1] != self.n_features_in_:
                 raise ValueError(
                     f"X has shape {Xm.shape}; this model takes {self.n_features_in_} features "
                     f"({', '.join(self.feature_names_in_[:5])}, ...)")
             return Xm
-        return as_matrix(X, self.feature_names_in_)[0]
+        return as_matrix(X, self.feature_names_in_, dtype=np.float32)[0]
 
     def decision_function(self, X: Matrix) -> np.ndarray:
         """The booster's raw margin (log-odds under the class weighting)."""

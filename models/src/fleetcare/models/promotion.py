@@ -164,7 +164,7 @@ def consider(store: Store, new_model_id: str, *, force: bool = False,
                cur_m: dict[str, Any] | None = None,
                period: tuple[dt.datetime, dt.datetime] | None = None) -> PromotionDecision:
         if promoted and (cur is None or cur.model_id != new.model_id):
-            registry.promote(store, new.model_id)
+            registry.promote(store, new.model_id, reason=reason)
         log.info("model.promotion model=%s promoted=%s previous=%s reason=%r",
                  new.model_id, promoted, prev, reason)
         return PromotionDecision(promoted, reason, new_m, cur_m, new.model_id, prev, period)

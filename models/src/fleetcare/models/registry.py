@@ -46,10 +46,15 @@ CREATE TABLE IF NOT EXISTS models (
   blob BLOB NOT NULL,
   is_current BOOLEAN NOT NULL DEFAULT false
 );
+ALTER TABLE models ADD COLUMN IF NOT EXISTS origin VARCHAR DEFAULT 'fleet';
+ALTER TABLE models ADD COLUMN IF NOT EXISTS current_reason VARCHAR;
 """
+ORIGINS = ("fleet", "prior")
+"""``fleet``: trained on this fleet's own data; ``prior``: the shipped fleet prior."""
 
 _COLS = ("model_id, created_at, horizon_h, train_start, train_end, cal_start, cal_end, "
-         "test_start, test_end, features, params, metrics, is_current")
+         "test_start, test_end, features, params, metrics, is_current, origin, "
+         "current_reason")
 
 Range = tuple[dt.datetime | None, dt.datetime | None]
 
@@ -79,6 +84,8 @@ class ModelRecord:
     params: dict[str, Any]
     metrics: dict[str, Any]
     is_current: bool
+    origin: str = "fleet"
+    current_reason: str | None = None  # why it scores (or scored, until replaced)
 
 
 _ready: weakref.WeakSet[Store] = weakref.WeakSet()
@@ -107,40 +114,51 @@ def make_model_id(blob: bytes, created_at: dt.datetime) -> str:
 
 
 def _record(row: tuple[Any, ...]) -> ModelRecord:
-    (mid, created, h, t0, t1, c0, c1, s0, s1, feats, params, metrics, cur) = row
+    (mid, created, h, t0, t1, c0, c1, s0, s1, feats, params, metrics, cur, origin,
+     reason) = row
     return ModelRecord(
         model_id=mid, created_at=_aware(created), horizon_h=float(h),  # type: ignore[arg-type]
         train_range=(_aware(t0), _aware(t1)), cal_range=(_aware(c0), _aware(c1)),
         test_range=(_aware(s0), _aware(s1)), features=json.loads(feats),
         params=json.loads(params), metrics=json.loads(metrics), is_current=bool(cur),
+        origin=origin or "fleet", current_reason=reason,
     )
 
 
 def save(store: Store, model: FailureModel, *, metrics: dict[str, Any] | None = None,
          train_range: Range = (None, None), cal_range: Range = (None, None),
          test_range: Range = (None, None), created_at: dt.datetime | None = None,
-         make_current: bool | None = None) -> ModelRecord:
-    """Store a fitted model; it becomes current when ``make_current`` or when none is.
+         make_current: bool | None = None, model_id: str | None = None,
+         origin: str = "fleet", current_reason: str | None = None) -> ModelRecord:
+    """Store a fitted model; it becomes current when ``make_current`` or when none is
+    (``current_reason`` says why; default: the first model of the store).
 
     ``metrics`` must be JSON-safe (no NaN: use ``metrics.json_float``).
     """
     ensure_schema(store)
+    if origin not in ORIGINS:
+        raise ValueError(f"origin={origin!r}: use one of {', '.join(ORIGINS)}")
     blob = model.to_bytes()
     created = created_at or dt.datetime.now(dt.UTC)
-    model_id = make_model_id(blob, created)
+    model_id = model_id or make_model_id(blob, created)
     with store.transaction() as cur:
         has_current = cur.execute(
             "SELECT count(*) FROM models WHERE is_current").fetchall()[0][0] > 0
         current = bool(make_current) or (make_current is None and not has_current)
         if current:
             cur.execute("UPDATE models SET is_current = false WHERE is_current").fetchall()
+            current_reason = current_reason or (
+                "forced current when registered" if make_current
+                else "the first model of this fleet's registry")
         cur.execute(
-            f"INSERT INTO models ({_COLS}, blob) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            f"INSERT INTO models ({_COLS}, blob) VALUES "
+            "(?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [model_id, _utc(created), float(model.horizon_h),
              _utc(train_range[0]), _utc(train_range[1]), _utc(cal_range[0]),
              _utc(cal_range[1]), _utc(test_range[0]), _utc(test_range[1]),
              json.dumps(model.feature_names_in_), json.dumps(model.get_params(), sort_keys=True),
-             json.dumps(metrics or {}, sort_keys=True, allow_nan=False), current, blob],
+             json.dumps(metrics or {}, sort_keys=True, allow_nan=False), current, origin,
+             current_reason if current else None, blob],
         ).fetchall()
     return get(store, model_id)
 
@@ -179,8 +197,9 @@ def list_models(store: Store) -> list[ModelRecord]:
     return [_record(r) for r in rows]
 
 
-def promote(store: Store, model_id: str) -> ModelRecord:
-    """Make ``model_id`` the current model (the one ``score`` uses by default)."""
+def promote(store: Store, model_id: str, *, reason: str | None = None) -> ModelRecord:
+    """Make ``model_id`` the current model (the one ``score`` uses by default); ``reason``
+    is kept as why it scores."""
     ensure_schema(store)
     with store.transaction() as cur:
         found = cur.execute("SELECT count(*) FROM models WHERE model_id = ?",
@@ -188,4 +207,6 @@ def promote(store: Store, model_id: str) -> ModelRecord:
         if not found:
             raise ModelNotFoundError(model_id)
         cur.execute("UPDATE models SET is_current = (model_id = ?)", [model_id]).fetchall()
+        cur.execute("UPDATE models SET current_reason = ? WHERE model_id = ?",
+                    [reason or "promoted by an operator", model_id]).fetchall()
     return get(store, model_id)

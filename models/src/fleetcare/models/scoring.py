@@ -187,10 +187,13 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
 
     ensure_schema(store)
     if model is None:
-        rec = registry.current(store)
+        from fleetcare.models import prior
+
+        rec = prior.ensure_current(store)  # a fleet with no model scores with the prior
         if rec is None:
-            raise ScoreError("no current model to score with: train one first "
-                             "(fleetcare.models.training) or promote one from list_models()")
+            raise ScoreError("no model to score with, and this installation ships no fleet "
+                             "prior: train one (`fleetcare train`) or promote one "
+                             "(`fleetcare models promote ID`)")
         model = rec.model_id
     m = _model(store, model)
     if features is None:

@@ -72,12 +72,34 @@ _OPERATING_STEMS = ("gpu_temp_mean", "gpu_temp_max", "gpu_temp_std", "mem_temp_m
                     "mem_temp_max", "power_mean", "util_mean", "throttle_thermal_frac",
                     "throttle_power_frac", "throttle_hw_slowdown_frac", "pcie_gen_down_frac")
 _OPERATING_NOW = ("gpu_temp_now", "pcie_gen_down_now", "nvlink_links_now")
+_SAMPLED_STEMS = ("nvlink_flaps",)
+"""Counted from link states between consecutive samples: a 60 s flap is seen in every
+10 s sample stream and missed by most 10 min ones, so a model trained on one sample
+interval would misread another (train/serve skew). The links' recovery counters see
+every flap, whatever the interval."""
 
 Progress = Callable[[str], None]
 
 
 class TrainError(Exception):
     """The store cannot give a training set (no telemetry, a range with nothing in it)."""
+
+
+MIN_TRAIN_FAILURES = 30
+"""Node failures a fleet's own training period needs before ``train`` fits a model on it
+(below that, the fleet prior scores better: see ``models/README.md``)."""
+
+
+class NotEnoughFailures(TrainError):
+    """Too few failures in the fleet's history for a model of its own."""
+
+    def __init__(self, train: int, cal: int, total: int, needed: int) -> None:
+        super().__init__(
+            f"{total} failures in this fleet's history ({train} in the training period, "
+            f"{cal} in calibration): a model of its own needs about {needed} in training; "
+            "the current model (the fleet prior until then) keeps scoring. Train again "
+            "after more failures, or import past incidents (`fleetcare incident import`).")
+        self.train, self.cal, self.total, self.needed = train, cal, total, needed
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,14 +177,17 @@ def model_features(names: Sequence[str]) -> list[str]:
     """The feature columns the model is trained on: health signals, not identity or load.
 
     Dropped: lifetime counters, ``node_gpus``, ``hours_since_sample`` (identity-like, and
-    0 on the training grid while live scoring can see stale GPUs) and operating levels
-    (temperatures, power, utilisation, throttle fractions, PCIe gen, link count). The
+    0 on the training grid while live scoring can see stale GPUs), operating levels
+    (temperatures, power, utilisation, throttle fractions, PCIe gen, link count) and
+    counts that depend on the sample interval (``_SAMPLED_STEMS``). The
     thermal signal stays in ``gpu_temp_resid_*`` (vs. the fleet at the same power) and
     ``gpu_temp_slope_*``.
     """
     out = []
     for n in names:
         if n.endswith("_lifetime") or n in _IDENTITY or n in _OPERATING_NOW:
+            continue
+        if _stem(n) in _SAMPLED_STEMS:
             continue
         if not n.startswith("node_max_") and not n.endswith("_rel") and _stem(n) in _OPERATING_STEMS:
             continue
@@ -275,8 +300,11 @@ def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_
 def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0,
                      seed: int = 0, every_s: int = 3600, label_end: dt.datetime | None = None,
                      params: dict[str, Any] | None = None, progress: Progress | None = None,
-                     window_h: float = M.WINDOW_H) -> tuple[FailureModel, dict[str, Any]]:
+                     window_h: float = M.WINDOW_H, min_failures: int = 1,
+                     ) -> tuple[FailureModel, dict[str, Any]]:
     """Fit on train, calibrate on cal, measure on test: the store-free core of ``train``.
+
+    ``NotEnoughFailures`` when the training period holds fewer than ``min_failures``.
 
     ``table`` holds features (``KEY_COLUMNS`` + float features) and labels
     (``labels.attach_labels``) on a time grid.
@@ -293,6 +321,10 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
     test_m = (ts >= b2) & (ts + H <= last) & (ts <= _np_ts(splits.end))
     alarm_m = (ts >= b2) & (ts <= _np_ts(splits.end))  # alarms need no label
     y = _bool(table, "label")
+    n_train, n_cal = len(_failures(table, train_m)), len(_failures(table, cal_m))
+    if n_train < min_failures:
+        raise NotEnoughFailures(n_train, n_cal, len(_failures(table, alarm_m | train_m | cal_m)),
+                                min_failures)
     say(f"fitting on {int(train_m.sum())} rows ({int(y[train_m].sum())} positive)")
     hyper: dict[str, Any] = {**MODEL_DEFAULTS, "monotone_increasing": monotone_features(names)}
     model = FailureModel(horizon_h=horizon_h, seed=seed, **{**hyper, **(params or {})})
@@ -321,12 +353,14 @@ def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
           start: dt.datetime | None = None, end: dt.datetime | None = None,
           progress: Progress | None = None, every_s: int = 3600,
           params: dict[str, Any] | None = None, register: bool = True,
-          created_at: dt.datetime | None = None) -> TrainResult:
+          created_at: dt.datetime | None = None,
+          min_failures: int = MIN_TRAIN_FAILURES) -> TrainResult:
     """Build features and labels from the store, train, evaluate and register a model.
 
     ``start`` defaults to 24 h after the first telemetry (warm-up for the 24 h windows),
-    ``end`` to the last telemetry. Raises ``TrainError`` when the store is empty and
-    ``FitError`` when the training period has no failures.
+    ``end`` to the last telemetry. Raises ``TrainError`` when the store is empty,
+    ``NotEnoughFailures`` (a ``TrainError``) when the training period holds fewer than
+    ``min_failures`` node failures.
     """
     from fleetcare.pipeline import features, labels
 
@@ -344,7 +378,7 @@ def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
     splits = Splits.of(start, end)
     model, metrics = fit_and_evaluate(table, splits, horizon_h=horizon_h, seed=seed,
                                       every_s=every_s, label_end=hi, params=params,
-                                      progress=progress)
+                                      progress=progress, min_failures=min_failures)
     log.info("model.trained rows=%d pr_auc=%s recall_at_budget=%s", table.num_rows,
              metrics.get("pr_auc"), metrics.get("recall_at_budget"))
     if not register:

@@ -1,0 +1,356 @@
+"""The fleet prior: a model trained on large simulated fleets at published failure rates,
+shipped in the package, so that a fleet is scored from its first day.
+
+One fleet's own failures are too few to learn from: a 96-node fleet at Llama 3's rate
+(3.8 failures per 1,000 node-days) has about 16 in 45 days, half of them without any
+precursor. Engine makers learn across every customer's engines; the prior learns across
+``TRAIN_FLEETS``, simulated fleets of H100, A100 and H200 nodes at the published rates
+(failure scale 1, every mode of Llama 3's Table 5), and is checked on ``VALIDATION_FLEETS``
+(other seeds), which also fix its operating threshold (at most one false drain per
+1,000 node-days). None of them is in ``bench/bench_fleet_pool.py``'s pool.
+
+    python -m fleetcare.models.prior build --workdir var/prior   # ~1 h on 2 cores
+
+writes ``fleet_prior.json`` (the model) and ``fleet_prior.meta.json`` (fleets, feature
+list, training rows, validation metrics, threshold) next to this module. The build is
+deterministic: the same code gives the same bytes.
+
+A store gets the prior on first use (``ensure_current``): registered as ``PRIOR_ID`` with
+origin ``prior``, current while the fleet has no model of its own. A fleet model replaces
+it only by beating it on the fleet's own held-out period (``promotion.consider``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import functools
+import hashlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from fleetcare.models import dataset, registry
+from fleetcare.models import metrics as M
+from fleetcare.models import training as T
+from fleetcare.models.model import FailureModel
+from fleetcare.pipeline.store import Store
+
+log = logging.getLogger(__name__)
+Progress = Callable[[str], None]
+
+MODEL_FILE = "fleet_prior.json"
+META_FILE = "fleet_prior.meta.json"
+INTERVAL_S = 600
+"""Sample interval of the simulated histories (the features it is trained on do not depend
+on it: counter deltas, XIDs, means; see ``training.model_features``)."""
+NEGATIVES = 0.05
+"""Share of healthy GPU-hours the prior trains and calibrates on (``dataset.sample``)."""
+CAL_FRACTION = 0.25
+"""The last quarter of each training fleet's time calibrates; the rest trains."""
+STORE_MEMORY = "4GB"
+
+
+@dataclass(frozen=True)
+class SimFleet:
+    """A simulated fleet the prior or a benchmark uses (``fleetcare simulate``'s knobs)."""
+
+    name: str
+    nodes: int
+    days: int
+    seed: int
+    model: str = "H100"
+    failure_scale: float = 1.0
+
+    def spec(self) -> Any:
+        from fleetcare.collectors.sim import FleetSpec
+
+        return FleetSpec(nodes=self.nodes, seed=self.seed, model=self.model,
+                         failure_scale=self.failure_scale)
+
+
+TRAIN_FLEETS = (
+    SimFleet("t1", 384, 60, 1001, "H100"),
+    SimFleet("t2", 384, 60, 1002, "A100"),
+    SimFleet("t3", 384, 60, 1003, "H200"),
+    SimFleet("t4", 384, 60, 1004, "H100:1,A100:1"),
+    SimFleet("t5", 384, 60, 1005, "H100:1,H200:1"),
+    SimFleet("t6", 384, 60, 1006, "H100:2,A100:1,H200:1"),
+)
+VALIDATION_FLEETS = (
+    SimFleet("v1", 384, 60, 1101, "H100"),
+    SimFleet("v2", 384, 60, 1102, "H100:1,A100:1,H200:1"),
+)
+
+
+# -- simulated fleets -----------------------------------------------------------------------
+def open_fleet(workdir: str | Path, fleet: SimFleet, *, interval_s: int = INTERVAL_S,
+               say: Progress | None = None) -> Store:
+    """The fleet's store in ``workdir``: simulated and rolled up the first time, reused
+    after (a store is complete once it holds ``meta.simulation``)."""
+    from fleetcare.collectors.sim import simulate_incidents
+    from fleetcare.collectors.sim.telemetry import FleetSimulator
+    from fleetcare.pipeline import features
+    from fleetcare.pipeline.simload import load_history, mark_simulated
+
+    path = Path(workdir) / f"{fleet.name}-{fleet.seed}.duckdb"
+    note = (f"nodes={fleet.nodes} days={fleet.days} seed={fleet.seed} model={fleet.model} "
+            f"failure_scale={fleet.failure_scale} interval={interval_s}s")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(path)
+    store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
+    if store.get_meta("simulation") == note:
+        return store
+    if store.get_meta("simulation") is not None or store.raw.bounds(store.cursor())[0]:
+        store.close()
+        path.unlink()
+        return open_fleet(workdir, fleet, interval_s=interval_s, say=say)
+    spec = fleet.spec()
+    if say is not None:
+        say(f"simulating {fleet.name}: {note}")
+    sim = FleetSimulator(spec, simulate_incidents(spec, fleet.days))
+    load_history(store, sim, spec.start, spec.start + dt.timedelta(days=fleet.days),
+                 interval_s=interval_s)
+    features.refresh(store)
+    mark_simulated(store, note)
+    return store
+
+
+# -- training ---------------------------------------------------------------------------------
+def training_rows(store: Store, *, horizon_h: float, seed: int, say: Progress
+                  ) -> tuple[pa.Table, pa.Table]:
+    """(train, calibration) rows of one fleet, healthy rows down-sampled with weights."""
+    lo, hi = T._telemetry_range(store)
+    start, end = lo + T.WARMUP, hi
+    cal_start = start + (end - start) * (1 - CAL_FRACTION)
+    failures = dataset.fleet_failures(store)
+    H = np.timedelta64(int(round(horizon_h * 3600)), "s")
+    b1, last = T._np_ts(cal_start), T._np_ts(hi)
+    train, cal = [], []
+    for chunk in dataset.chunks(store, start, end, horizon_h=horizon_h, say=say):
+        ts = T.ts_column(chunk)
+        fit = ~dataset.aftermath(chunk, failures)
+        train.append(dataset.sample(chunk, (ts + H <= b1) & fit, negatives=NEGATIVES,
+                                    seed=seed))
+        cal.append(dataset.sample(chunk, (ts >= b1) & (ts + H <= last) & fit,
+                                  negatives=NEGATIVES, seed=seed + 1))
+    return pa.concat_tables(train), pa.concat_tables(cal)
+
+
+def fit(train: pa.Table, cal: pa.Table, *, horizon_h: float = 24.0, seed: int = 0
+        ) -> FailureModel:
+    """The prior's booster (``training.MODEL_DEFAULTS``, monotone error counters) on the
+    weighted rows, calibrated on the weighted calibration rows."""
+    names = T.model_features(T.feature_columns(train.drop_columns([dataset.WEIGHT])))
+    hyper = {**T.MODEL_DEFAULTS, "monotone_increasing": T.monotone_features(names)}
+    model = FailureModel(horizon_h=horizon_h, seed=seed, **hyper)
+    return model.fit(train, T._bool(train, "label"), X_cal=cal, y_cal=T._bool(cal, "label"),
+                     feature_names=names,
+                     sample_weight=train.column(dataset.WEIGHT).to_numpy(),
+                     cal_weight=cal.column(dataset.WEIGHT).to_numpy())
+
+
+# -- validation --------------------------------------------------------------------------------
+@dataclass
+class FleetScores:
+    """A model's node risks over a fleet's time, and what happened there."""
+
+    name: str
+    scores: Any  # evaluation.NodeScores
+    failures: list[M.Failure]
+    node_days: float
+    gpu_y: np.ndarray
+    gpu_p: np.ndarray
+
+
+def score_fleet(store: Store, model: FailureModel, name: str, *, horizon_h: float = 24.0,
+                every_s: int = 3600, start: dt.datetime | None = None,
+                say: Progress | None = None) -> FleetScores:
+    """Score every GPU-hour of the fleet from ``start`` (default: after warm-up) to its
+    end with ``model``; node names get ``name + "/"`` in front (fleets never share one)."""
+    from fleetcare.models.evaluation import NodeScores, node_scores
+
+    lo, hi = T._telemetry_range(store)
+    start = start or lo + T.WARMUP
+    H = np.timedelta64(int(round(horizon_h * 3600)), "s")
+    last = T._np_ts(hi)
+    parts, ys, ps = [], [], []
+    for chunk in dataset.chunks(store, start, hi, horizon_h=horizon_h, every_s=every_s,
+                                names=model.feature_names_in_, say=say):
+        p = model.predict_proba(chunk)[:, 1]
+        ts = T.ts_column(chunk)
+        known = ts + H <= last
+        parts.append(node_scores(chunk, np.ones(chunk.num_rows, dtype=bool), p, known))
+        ys.append(T._bool(chunk, "label")[known])
+        ps.append(p[known])
+    s = NodeScores(*(np.concatenate([getattr(x, k) for x in parts])
+                     for k in ("ts", "node", "risk", "label", "known")))
+    s.node = np.array([f"{name}/{n}" for n in s.node], dtype=object)
+    t0, t1 = T._np_ts(start), last
+    failures = [M.Failure(f"{name}/{f.node}", f.ts, f.mode)
+                for f in dataset.fleet_failures(store)
+                if t0 < np.datetime64(f.ts, "us") <= t1]
+    node_days = len(s.ts) * every_s / 86400.0
+    return FleetScores(name, s, failures, node_days, np.concatenate(ys), np.concatenate(ps))
+
+
+def pooled(fleets: Sequence[FleetScores]) -> FleetScores:
+    """Several fleets' scores as one (node names already carry the fleet's name)."""
+    from fleetcare.models.evaluation import NodeScores
+
+    s = NodeScores(*(np.concatenate([getattr(f.scores, k) for f in fleets])
+                     for k in ("ts", "node", "risk", "label", "known")))
+    return FleetScores("+".join(f.name for f in fleets), s,
+                       [x for f in fleets for x in f.failures],
+                       sum(f.node_days for f in fleets),
+                       np.concatenate([f.gpu_y for f in fleets]),
+                       np.concatenate([f.gpu_p for f in fleets]))
+
+
+def metrics_of(f: FleetScores, *, window_h: float = M.WINDOW_H, every_s: int = 3600,
+               threshold: float | None = None) -> dict[str, Any]:
+    """Node-level metrics: at ``threshold`` when given (a fixed operating point), else at
+    the best threshold within the false-drain budget on these very scores."""
+    s = f.scores
+    grace = np.timedelta64(every_s, "s")
+    W = np.timedelta64(int(round(window_h * 3600)), "s")
+    if threshold is None:
+        res = M.choose_threshold(s.ts, s.node, s.risk, f.failures, W, f.node_days, grace=grace)
+    else:
+        res = M.evaluate_alarms(s.ts, s.node, s.risk, f.failures, threshold, W, grace=grace)
+    out = M.metrics_at(res, s.ts, s.node, s.risk, s.label, f.failures, window_h,
+                       f.node_days, labeled=s.known, grace=grace)
+    from fleetcare.models.evaluation import failures_by_mode, precursor_recall
+
+    out["failures_by_mode"] = failures_by_mode(f.failures)
+    out["precursor_recall_at_budget"] = precursor_recall(out, out["failures_by_mode"])
+    known = s.label[s.known]
+    out["base_rate"] = M.json_float(known.mean()) if len(known) else None
+    out["gpu_pr_auc"] = M.average_precision(f.gpu_y, f.gpu_p)
+    return out
+
+
+# -- building, shipping, installing ---------------------------------------------------------
+def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
+          train_fleets: Sequence[SimFleet] = TRAIN_FLEETS,
+          validation_fleets: Sequence[SimFleet] = VALIDATION_FLEETS,
+          say: Progress | None = None) -> tuple[FailureModel, dict[str, Any]]:
+    """Simulate (or reuse) the fleets, train, validate; returns the model and its meta."""
+    say = say or (lambda _m: None)
+    t0 = time.perf_counter()
+    trains, cals = [], []
+    for fleet in train_fleets:
+        with open_fleet(workdir, fleet, say=say) as store:
+            tr, ca = training_rows(store, horizon_h=horizon_h, seed=seed, say=say)
+        trains.append(tr)
+        cals.append(ca)
+        say(f"{fleet.name}: {tr.num_rows} train rows ({int(T._bool(tr, 'label').sum())} "
+            f"positive), {ca.num_rows} calibration rows")
+    train, cal = pa.concat_tables(trains), pa.concat_tables(cals)
+    del trains, cals
+    say(f"fitting on {train.num_rows} rows")
+    model = fit(train, cal, horizon_h=horizon_h, seed=seed)
+    scored = []
+    for fleet in validation_fleets:
+        with open_fleet(workdir, fleet, say=say) as store:
+            scored.append(score_fleet(store, model, fleet.name, horizon_h=horizon_h, say=say))
+    val = pooled(scored)
+    chosen = metrics_of(val)
+    meta = {
+        "format": 1,
+        "built_by": "python -m fleetcare.models.prior build --workdir DIR",
+        "data": "simulated: fleetcare's fleet simulator calibrated to Llama 3's failure "
+                "table (published rates, failure scale 1)",
+        "interval_s": INTERVAL_S, "horizon_h": horizon_h, "negatives": NEGATIVES,
+        "train_fleets": [asdict(f) for f in train_fleets],
+        "validation_fleets": [asdict(f) for f in validation_fleets],
+        "train_rows": train.num_rows, "train_positives": int(T._bool(train, "label").sum()),
+        "cal_rows": cal.num_rows, "cal_positives": int(T._bool(cal, "label").sum()),
+        "features": list(model.feature_names_in_),
+        "threshold": chosen.get("threshold"),
+        "validation": chosen,
+        "build_s": round(time.perf_counter() - t0),
+    }
+    return model, meta
+
+
+def write(model: FailureModel, meta: dict[str, Any], folder: Path | None = None) -> Path:
+    folder = folder or Path(__file__).parent
+    (folder / MODEL_FILE).write_bytes(model.to_bytes())
+    (folder / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return folder / MODEL_FILE
+
+
+@functools.lru_cache(maxsize=1)
+def load() -> tuple[bytes, dict[str, Any]]:
+    """The shipped prior: its bytes and meta. ``FileNotFoundError`` when the package
+    holds none (build it: see the module docstring)."""
+    pkg = resources.files("fleetcare.models")
+    return (pkg / MODEL_FILE).read_bytes(), json.loads((pkg / META_FILE).read_text())
+
+
+def prior_id(blob: bytes) -> str:
+    return f"prior-{hashlib.sha256(blob).hexdigest()[:8]}"
+
+
+REASON_PRIOR = ("fleet prior: this fleet has no model of its own that beat it on the "
+                "fleet's held-out data")
+
+
+def install(store: Store) -> registry.ModelRecord:
+    """Register the shipped prior in ``store`` (once); current when nothing else is."""
+    blob, meta = load()
+    mid = prior_id(blob)
+    try:
+        return registry.get(store, mid)
+    except registry.ModelNotFoundError:
+        pass
+    model = FailureModel.from_bytes(blob)
+    return registry.save(
+        store, model, metrics={**meta["validation"], "threshold": meta["threshold"]},
+        created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), model_id=mid, origin="prior",
+        current_reason=REASON_PRIOR)
+
+
+def ensure_current(store: Store) -> registry.ModelRecord | None:
+    """The current model, the shipped prior installed first when there is none."""
+    rec = registry.current(store)
+    if rec is not None:
+        return rec
+    try:
+        install(store)
+    except FileNotFoundError:
+        log.warning("prior.missing: the package holds no fleet prior; train a model")
+        return None
+    return registry.current(store)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fleetcare.models.prior",
+                                 description="Build the fleet prior shipped in the package.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="simulate the fleets, train, validate, write the files")
+    b.add_argument("--workdir", required=True, help="where the simulated fleets' stores go "
+                   "(reused when present)")
+    b.add_argument("--out", default=None, help="folder to write to (default: the package)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level="INFO", format="%(asctime)s %(message)s", stream=sys.stderr)
+    model, meta = build(args.workdir, say=lambda m: print(f"prior: {m}", file=sys.stderr,
+                                                          flush=True))
+    path = write(model, meta, Path(args.out) if args.out else None)
+    print(json.dumps({"model": str(path), "prior_id": prior_id(model.to_bytes()),
+                      "validation": meta["validation"], "build_s": meta["build_s"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Feature rows in time chunks (issue 12, 15): the same rows as one query, compact,
+aftermath across chunk boundaries, deterministic weighted down-sampling."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from fleetcare.collectors.sim import FleetSimulator, FleetSpec, simulate_incidents
+from fleetcare.models import dataset
+from fleetcare.models import training as T
+from fleetcare.pipeline import features, labels
+from fleetcare.pipeline.simload import load_history
+from fleetcare.pipeline.store import Store
+
+DAYS = 6
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    spec = FleetSpec(nodes=8, seed=31, failure_scale=60)
+    store = Store(tmp_path_factory.mktemp("ds") / "f.duckdb")
+    sim = FleetSimulator(spec, simulate_incidents(spec, DAYS))
+    load_history(store, sim, spec.start, spec.start + dt.timedelta(days=DAYS), interval_s=600)
+    features.refresh(store)
+    yield store, spec
+    store.close()
+
+
+def same_tables(got: pa.Table, want: pa.Table) -> None:
+    """Equal schema and values; NaN (not available) equals NaN."""
+    assert got.schema == want.schema and got.num_rows == want.num_rows
+    for name in got.column_names:
+        a, b = got.column(name).combine_chunks(), want.column(name).combine_chunks()
+        if pa.types.is_floating(a.type):
+            assert np.array_equal(a.to_numpy(zero_copy_only=False),
+                                  b.to_numpy(zero_copy_only=False), equal_nan=True), name
+        else:
+            assert a.equals(b), name
+
+
+def test_chunks_are_the_rows_of_one_query_compact(fleet):
+    store, spec = fleet
+    start, end = spec.start + dt.timedelta(days=1), spec.start + dt.timedelta(days=DAYS)
+    parts = list(dataset.chunks(store, start, end, chunk=dt.timedelta(hours=30)))
+    assert len(parts) == 5  # 121 scoring times in chunks of 30
+    got = pa.concat_tables(parts)
+    whole = dataset.compact(labels.attach_labels(store, features.gpu_features(store, start, end)))
+    same_tables(got, whole)
+    names = T.model_features(T.feature_columns(whole))
+    assert [c for c in got.column_names if c in names] == names
+    assert all(got.schema.field(n).type == pa.float32() for n in names)
+    assert not set(got.column_names) - set(names) - set(T.LABEL_COLUMNS) - {
+        "ts", "node", "gpu_uuid", "gpu_index", "model"}
+
+
+def test_aftermath_from_the_fleets_failures_matches_training_rule(fleet):
+    store, spec = fleet
+    start, end = spec.start + dt.timedelta(days=1), spec.start + dt.timedelta(days=DAYS)
+    table = dataset.load(store, start, end)
+    failures = dataset.fleet_failures(store)
+    assert failures
+    mine = dataset.aftermath(table, failures)
+    theirs = T.aftermath(table)  # from the table's own labels: same failures seen ahead
+    # every row the labels-based rule marks is marked; extra rows only after failures the
+    # table's first rows could not look ahead to (before its start)
+    assert (theirs <= mine).all()
+    extra = mine & ~theirs
+    if extra.any():
+        ts = T.ts_column(table)[extra]
+        assert ts.min() <= np.datetime64(start.replace(tzinfo=None), "us") + np.timedelta64(
+            int(T.AFTERMATH_H * 3600), "s")
+
+
+def test_sample_keeps_every_positive_and_weights_the_rest(fleet):
+    store, spec = fleet
+    table = dataset.load(store, spec.start + dt.timedelta(days=1),
+                         spec.start + dt.timedelta(days=DAYS))
+    keep = np.ones(table.num_rows, dtype=bool)
+    a = dataset.sample(table, keep, negatives=0.1, seed=3)
+    b = dataset.sample(table, keep, negatives=0.1, seed=3)
+    same_tables(a, b)  # deterministic
+    pos = T._bool(table, "label") | T._bool(table, "node_label")
+    whole = T._bool(a, "label") | T._bool(a, "node_label")
+    assert whole.sum() == pos.sum()
+    w = a.column(dataset.WEIGHT).to_numpy()
+    assert set(np.unique(w[whole])) == {1.0} and set(np.unique(w[~whole])) == {np.float32(10)}
+    # the weighted count of healthy rows estimates the true one
+    assert w[~whole].sum() == pytest.approx((~pos).sum(), rel=0.1)
+    none = dataset.sample(table, np.zeros(table.num_rows, dtype=bool), negatives=0.1)
+    assert none.num_rows == 0
+    with pytest.raises(ValueError, match="negatives=0"):
+        dataset.sample(table, keep, negatives=0)
