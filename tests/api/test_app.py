@@ -202,7 +202,8 @@ def test_model_404_then_200(client, fleet):
     r = client.get("/v1/model")
     assert r.status_code == 200
     assert r.json() == {
-        "model_id": "m7", "created_at": "2026-03-01T12:00:00Z", "horizon_h": 24.0,
+        "model_id": "m7", "created_at": "2026-03-01T12:00:00Z", "origin": "fleet",
+        "current_reason": None, "horizon_h": 24.0,
         "features": ["ecc_corrected_rate_24h", "xid79_count_7d"],
         "params": {"num_leaves": 31}, "metrics": {"auc": 0.91, "brier": None},
     }

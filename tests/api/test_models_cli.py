@@ -19,8 +19,9 @@ from fleetcare.models.promotion import beats
 
 pytestmark = pytest.mark.slow
 
-LIST_KEYS = {"model_id", "created_at", "is_current", "horizon_h", "train_range", "cal_range",
-             "test_range", "n_features", "pr_auc", "recall_at_budget"}
+LIST_KEYS = {"model_id", "created_at", "is_current", "origin", "current_reason", "horizon_h",
+             "train_range", "cal_range", "test_range", "n_features", "pr_auc",
+             "recall_at_budget"}
 
 
 def cli(*argv: str) -> subprocess.CompletedProcess[str]:

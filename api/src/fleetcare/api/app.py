@@ -583,6 +583,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
             score_age_s=age_s(latest),
             total_nodes=queries.scored_node_count(cur, tables),
             version=version,
+            model=queries.current_model(cur, tables),
         )
         return HTMLResponse(page)
 

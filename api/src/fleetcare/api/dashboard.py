@@ -56,8 +56,19 @@ def _row(rank: int, n: dict[str, Any]) -> str:
     )
 
 
+def _model_line(model: dict[str, Any] | None) -> str:
+    """Which model scores, and why (``queries.current_model``)."""
+    if model is None:
+        return "<p class=muted>No model scores yet.</p>"
+    kind = ("the fleet prior shipped with fleetcare (trained on simulated fleets)"
+            if model.get("origin") == "prior" else "this fleet's own model")
+    why = f" — {escape(model['current_reason'])}" if model.get("current_reason") else ""
+    return (f"<p>Scoring with <b>{escape(model['model_id'])}</b>, {kind}{why}.</p>")
+
+
 def render(nodes: list[dict[str, Any]], *, simulated: bool, scored_at: str | None,
-           score_age_s: float | None, total_nodes: int, version: str) -> str:
+           score_age_s: float | None, total_nodes: int, version: str,
+           model: dict[str, Any] | None = None) -> str:
     """The page for ``nodes`` (``queries.ranked_nodes`` rows, highest risk first)."""
     banner = (
         '<div class="sim" role="alert">SIMULATED DATA: these nodes and failures come from '
@@ -87,6 +98,6 @@ def render(nodes: list[dict[str, Any]], *, simulated: bool, scored_at: str | Non
 <p>Nodes ranked by probability of a failure incident within the model horizon.
 Refreshes every {REFRESH_S} s. fleetcare {escape(version)} ·
 <a href="/docs">API</a> · <a href="/metrics">metrics</a></p></header>
-<main><p>{status}</p>{table}</main>
+<main>{_model_line(model)}<p>{status}</p>{table}</main>
 </body></html>
 """

@@ -413,16 +413,23 @@ def current_model(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
     """The registry row flagged ``is_current`` (newest if several); None if none."""
     if "models" not in tables:
         return None
+    have = {r[0] for r in cur.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'models' "
+        "AND schema_name = current_schema() AND database_name = current_database()"
+    ).fetchall()}
+    extra = ", ".join(c if c in have else f"NULL AS {c}" for c in ("origin", "current_reason"))
     row = cur.execute(
-        """SELECT model_id, created_at, horizon_h, features, params, metrics
+        f"""SELECT model_id, created_at, horizon_h, features, params, metrics, {extra}
         FROM models WHERE is_current ORDER BY created_at DESC NULLS LAST LIMIT 1"""
     ).fetchone()
     if row is None:
         return None
-    model_id, created_at, horizon_h, features, params, metrics = row
+    model_id, created_at, horizon_h, features, params, metrics, origin, reason = row
     return {
         "model_id": model_id,
         "created_at": iso_z(created_at),
+        "origin": origin or "fleet",
+        "current_reason": reason,
         "horizon_h": finite(horizon_h),
         "features": parse_json(features, what="models.features"),
         "params": parse_json(params, what="models.params"),

@@ -115,6 +115,9 @@ class ModelInfo(BaseModel):
 
     model_id: str
     created_at: IsoTime | None
+    origin: str = Field("fleet", description="fleet: trained on this fleet's data; prior: "
+                        "the fleet prior shipped with fleetcare (simulated fleets).")
+    current_reason: str | None = Field(None, description="Why this model scores.")
     horizon_h: float | None = Field(description="Prediction horizon H in hours.")
     features: Any = Field(description="The model's features (JSON, as registered).")
     params: Any = Field(description="Hyperparameters (JSON, as registered).")

@@ -18,6 +18,8 @@ refused; the reason is printed either way.
         {"model_id": "m-20250311T000000-1a2b3c4d",
          "created_at": "2025-03-11T00:00:00+00:00",   ISO 8601, UTC
          "is_current": true,
+         "origin": "fleet",                       fleet (its own data) or prior (shipped)
+         "current_reason": "...",                 why it scores (null when not current)
          "horizon_h": 24.0,
          "train_range": [ISO, ISO], "cal_range": [ISO, ISO], "test_range": [ISO, ISO],
                                                   null ends where not recorded
@@ -155,7 +157,8 @@ def record_json(rec: Any, *, full: bool = False) -> dict[str, Any]:
     """A ``registry.ModelRecord`` as the JSON contract (``show`` adds the full fields)."""
     out: dict[str, Any] = {
         "model_id": rec.model_id, "created_at": _iso(rec.created_at),
-        "is_current": rec.is_current, "horizon_h": rec.horizon_h,
+        "is_current": rec.is_current, "origin": rec.origin,
+        "current_reason": rec.current_reason, "horizon_h": rec.horizon_h,
         "train_range": [_iso(t) for t in rec.train_range],
         "cal_range": [_iso(t) for t in rec.cal_range],
         "test_range": [_iso(t) for t in rec.test_range],
@@ -181,17 +184,26 @@ def _print_list(recs: list[Any]) -> None:
     if not recs:
         print("no models yet: train one with `fleetcare train`")
         return
-    print(f"  {'model_id':28s} {'created (UTC)':16s} {'horizon':>7s} {'pr_auc':>7s} "
-          f"{'recall':>7s}  test period (UTC)")
+    print(f"  {'model_id':28s} {'origin':6s} {'created (UTC)':16s} {'horizon':>7s} "
+          f"{'pr_auc':>7s} {'recall':>7s}  test period (UTC)")
     for r in recs:
-        print(f"{'*' if r.is_current else ' '} {r.model_id:28s} {r.created_at:%Y-%m-%d %H:%M} "
-              f"{r.horizon_h:6g}h {_num(r.metrics.get('pr_auc')):>7s} "
+        print(f"{'*' if r.is_current else ' '} {r.model_id:28s} {r.origin:6s} "
+              f"{r.created_at:%Y-%m-%d %H:%M} {r.horizon_h:6g}h "
+              f"{_num(r.metrics.get('pr_auc')):>7s} "
               f"{_num(r.metrics.get('recall_at_budget')):>7s}  {_span(r.test_range)}")
-    print("(* = current; recall = recall_at_budget, both on each model's own test period)")
+    cur = next((r for r in recs if r.is_current), None)
+    if cur is not None and cur.current_reason:
+        print(f"* scores because: {cur.current_reason}")
+    print("(recall = recall_at_budget on each model's own held-out data; the prior's on its "
+          "simulated validation fleets)")
 
 
 def _print_show(r: Any) -> None:
     print(f"{r.model_id}{'  (current)' if r.is_current else ''}")
+    print(f"  origin       {r.origin}"
+          f"{' (the fleet prior shipped with fleetcare)' if r.origin == 'prior' else ''}")
+    if r.current_reason:
+        print(f"  current      {r.current_reason}")
     print(f"  created      {r.created_at:%Y-%m-%d %H:%M:%S} UTC")
     print(f"  horizon      {r.horizon_h:g} h")
     for name, rng in (("train", r.train_range), ("calibrate", r.cal_range),
