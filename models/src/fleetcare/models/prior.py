@@ -306,9 +306,12 @@ REASON_PRIOR = ("fleet prior: this fleet has no model of its own that beat it on
                 "fleet's held-out data")
 
 
-def install(store: Store) -> registry.ModelRecord:
+Shipped = Callable[[], tuple[bytes, dict[str, Any]]]
+
+
+def install(store: Store, shipped: Shipped = load) -> registry.ModelRecord:
     """Register the shipped prior in ``store`` (once); current when nothing else is."""
-    blob, meta = load()
+    blob, meta = shipped()
     mid = prior_id(blob)
     try:
         return registry.get(store, mid)
@@ -321,13 +324,13 @@ def install(store: Store) -> registry.ModelRecord:
         current_reason=REASON_PRIOR)
 
 
-def ensure_current(store: Store) -> registry.ModelRecord | None:
+def ensure_current(store: Store, shipped: Shipped = load) -> registry.ModelRecord | None:
     """The current model, the shipped prior installed first when there is none."""
     rec = registry.current(store)
     if rec is not None:
         return rec
     try:
-        install(store)
+        install(store, shipped)
     except FileNotFoundError:
         log.warning("prior.missing: the package holds no fleet prior; train a model")
         return None

@@ -1,0 +1,89 @@
+"""The fleet prior (issue 12): a reproducible build, shipped with the package, installed
+in every store that has no model, replaced only by a fleet model that beats it."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pytest
+
+from fleetcare.models import prior, promotion, registry
+from fleetcare.models.model import FailureModel
+from fleetcare.models.prior import SimFleet
+from fleetcare.pipeline.store import Store
+
+TINY_TRAIN = (SimFleet("ta", 12, 8, 91, "H100", 40), SimFleet("tb", 12, 8, 93, "A100", 40))
+TINY_VALIDATION = (SimFleet("va", 12, 8, 92, "H200", 40),)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    work = tmp_path_factory.mktemp("prior")
+    model, meta = prior.build(work, train_fleets=TINY_TRAIN, validation_fleets=TINY_VALIDATION)
+    return work, model, meta
+
+
+def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
+    work, model, meta = tiny
+    again, meta2 = prior.build(work, train_fleets=TINY_TRAIN, validation_fleets=TINY_VALIDATION)
+    assert again.to_bytes() == model.to_bytes()        # same code, same stores, same bytes
+    assert {f["name"] for f in meta["train_fleets"]} == {"ta", "tb"}
+    assert meta["validation_fleets"][0]["seed"] == 92
+    assert meta["features"] == list(model.feature_names_in_)
+    assert not any(f.startswith("nvlink_flaps") for f in meta["features"])
+    assert meta["train_positives"] > 0 and meta["negatives"] == prior.NEGATIVES
+    assert meta["threshold"] == meta["validation"]["threshold"]
+    assert "simulated" in meta["data"]
+    path = prior.write(model, meta, tmp_path)
+    assert FailureModel.from_bytes(path.read_bytes()).to_bytes() == model.to_bytes()
+    assert (tmp_path / prior.META_FILE).exists()
+
+
+def test_a_store_without_a_model_gets_the_prior_once(tiny, tmp_path):
+    _, model, meta = tiny
+    shipped = lambda: (model.to_bytes(), meta)  # noqa: E731
+    store = Store(tmp_path / "f.duckdb")
+    rec = prior.ensure_current(store, shipped)
+    assert rec is not None and rec.is_current and rec.origin == "prior"
+    assert rec.model_id == prior.prior_id(model.to_bytes())
+    assert rec.current_reason == prior.REASON_PRIOR
+    assert rec.metrics["threshold"] == meta["threshold"]
+    assert prior.ensure_current(store, shipped).model_id == rec.model_id
+    assert [r.model_id for r in registry.list_models(store)] == [rec.model_id]
+    # a store with a model of its own keeps it
+    other = Store(tmp_path / "g.duckdb")
+    mine = registry.save(other, model, metrics={})
+    assert prior.ensure_current(other, shipped).model_id == mine.model_id
+    assert registry.list_models(other)[0].origin == "fleet"
+
+    def missing() -> tuple[bytes, dict]:
+        raise FileNotFoundError("no prior in this build")
+
+    assert prior.ensure_current(Store(tmp_path / "h.duckdb"), missing) is None
+
+
+def test_a_fleet_model_replaces_the_prior_only_by_beating_it(tiny, tmp_path):
+    """Scored on the fleet model's held-out period: a blind model stays a candidate, and
+    the reason of the current model stays the prior's."""
+    work, model, meta = tiny
+    store = prior.open_fleet(work, TINY_VALIDATION[0])
+    try:
+        rec = prior.install(store, lambda: (model.to_bytes(), meta))
+        rng = np.random.default_rng(3)
+        X = rng.normal(size=(2000, 1))
+        blind = FailureModel(n_estimators=5).fit(X, rng.random(2000) < 0.05,
+                                                 feature_names=["not_a_feature"])
+        lo, hi = store.raw.bounds(store.cursor())
+        lo, hi = lo.replace(tzinfo=dt.UTC), hi.replace(tzinfo=dt.UTC)
+        cand = registry.save(store, blind, train_range=(lo, lo + (hi - lo) / 2),
+                             cal_range=(lo + (hi - lo) / 2, lo + (hi - lo) * 0.6),
+                             test_range=(lo + (hi - lo) * 0.6, hi))
+        d = promotion.consider(store, cand.model_id)
+        assert not d.promoted and "does not beat current " + rec.model_id in d.reason
+        cur = registry.current(store)
+        assert cur.model_id == rec.model_id and cur.current_reason == prior.REASON_PRIOR
+        assert promotion.consider(store, cand.model_id, force=True).promoted
+        assert "forced" in registry.current(store).current_reason
+    finally:
+        store.close()
