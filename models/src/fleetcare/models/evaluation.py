@@ -270,6 +270,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     out_model["gpu_pr_auc"] = M.average_precision(y_te, p[known])
     s_log, _ = _scores(test, "alarm_m", lambda t: logit.predict_proba(t)[:, 1], "test_m")
     out_log, _ = _method_metrics(s_log, failures, cfg, node_days)
+    out_prior = _prior_metrics(test, failures, cfg, node_days, say)
 
     start, end = _period(test, "alarm_m", cfg.every_s)
     t0 = start.astype(dt.datetime).replace(tzinfo=dt.UTC)
@@ -330,7 +331,9 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     }
     return {
         "simulated": True,
+        "fleet": describe(test, failures, node_days),
         "model": out_model,
+        "prior": out_prior,
         "baselines": {"reactive_xid": out_rules["reactive_xid"],
                       "dcgm_thresholds": out_rules["dcgm_thresholds"], "logistic": out_log},
         "goodput": goodput,
@@ -347,6 +350,50 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
                                  else None),
         },
     }
+
+
+def _prior_metrics(test: Sequence[Fleet], failures: list[M.Failure], cfg: EvalConfig,
+                   node_days: float, say: Progress) -> dict[str, Any] | None:
+    """The shipped fleet prior on the same test rows, at its own operating threshold
+    (fixed on its validation fleets, nothing tuned here) and at the best threshold within
+    the budget on these rows; None when the package ships no prior."""
+    from fleetcare.models import prior
+    from fleetcare.models.model import FailureModel
+
+    try:
+        blob, meta = prior.load()
+    except FileNotFoundError:
+        return None
+    model = FailureModel.from_bytes(blob)
+    if model.horizon_h != cfg.horizon_h:
+        return None
+    say("scoring the fleet prior")
+    s, _ = _scores(test, "alarm_m", lambda t: model.predict_proba(t)[:, 1], "test_m")
+    out, _ = _method_metrics(s, failures, cfg, node_days)
+    grace = np.timedelta64(cfg.every_s, "s")
+    W = np.timedelta64(int(round(cfg.window_h * 3600)), "s")
+    fixed = M.evaluate_alarms(s.ts, s.node, s.risk, failures, float(meta["threshold"]), W,
+                              grace=grace)
+    at = M.metrics_at(fixed, s.ts, s.node, s.risk, s.label, failures, cfg.window_h,
+                      node_days, labeled=s.known, grace=grace)
+    out["model_id"] = prior.prior_id(blob)
+    out["at_shipped_threshold"] = {k: at[k] for k in (
+        "threshold", "recall_at_budget", "recall_ci95", "false_drains",
+        "false_drains_per_1000_node_days", "median_lead_time_h", "recall_by_mode")}
+    return out
+
+
+def describe(test: Sequence[Fleet], failures: Sequence[M.Failure], node_days: float
+             ) -> dict[str, Any]:
+    """What every figure of the report stands on: the fleet, its data, its failures."""
+    nodes = {str(n) for f in test for n in T._str(f.table, "node")}
+    gpus = {str(g) for f in test for g in T._str(f.table, "gpu_uuid")}
+    notes = [f.store.get_meta("simulation") for f in test if hasattr(f.store, "get_meta")]
+    by_mode = failures_by_mode(failures)
+    return {"nodes": len(nodes), "gpus": len(gpus), "test_node_days": round(node_days, 1),
+            "failures": len(failures),
+            "failures_with_precursors": sum(c for m, c in by_mode.items() if m != "none"),
+            "simulation": [n for n in notes if n] or None}
 
 
 def _shards(stores: Any | Sequence[Any]) -> list[Any]:

@@ -21,8 +21,13 @@ itself); the test period keeps every row.
 ``--json`` prints one JSON object (the contract, checked by the tests)::
 
     {"simulated": true,
-     "model": {"pr_auc", "recall_at_budget", "false_drains_per_1000_node_days",
+     "fleet": {"nodes", "gpus", "test_node_days", "failures", "failures_with_precursors",
+               "simulation": [the simulator's settings of each store] | null},
+     "model": {"pr_auc", "recall_at_budget", "recall_ci95": [lo, hi] (Wilson, 95 %),
+               "n_failures", "detected", "false_drains_per_1000_node_days",
                "median_lead_time_h", "p10_lead_time_h", "recall_by_mode": {...}, "ece", ...},
+     "prior": {...the model's keys, "model_id", "at_shipped_threshold": {...}} | null,
+                the fleet prior shipped with fleetcare on the same test rows
      "baselines": {"reactive_xid": {...same keys...}, "dcgm_thresholds": {...},
                    "logistic": {...}},
      "goodput": {"no_action": {"gpu_hours_lost", ...},
@@ -168,14 +173,33 @@ def _fmt(v: Any) -> str:
     return "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
 
 
+def _ci(m: dict[str, Any]) -> str:
+    ci = m.get("recall_ci95")
+    return f"{ci[0]:.2f}-{ci[1]:.2f}" if ci else "-"
+
+
 def _print_text(out: dict[str, Any], html: str | None) -> None:
-    print("SIMULATED DATA")
-    rows = [("fleetcare", out["model"])] + list(out["baselines"].items())
-    print(f"{'method':<16} {'pr_auc':>7} {'recall@budget':>13} {'fd/1000nd':>9} {'lead_h':>7}")
+    f = out.get("fleet") or {}
+    print("SIMULATED DATA" + (f": {'; '.join(f['simulation'])}" if f.get("simulation") else ""))
+    print(f"test period: {f.get('nodes')} nodes, {f.get('test_node_days')} node-days, "
+          f"{f.get('failures')} failures ({f.get('failures_with_precursors')} with "
+          "precursors); one failure is "
+          f"{1 / f['failures']:.2f} of recall" if f.get("failures") else "")
+    rows = [("fleetcare", out["model"])]
+    if out.get("prior"):
+        rows.append(("fleet prior", out["prior"]))
+    rows += list(out["baselines"].items())
+    print(f"{'method':<16} {'pr_auc':>7} {'recall@budget':>13} {'95% CI':>10} {'fd/1000nd':>9} "
+          f"{'lead_h':>7}")
     for name, m in rows:
         print(f"{name:<16} {_fmt(m.get('pr_auc')):>7} {_fmt(m.get('recall_at_budget')):>13} "
-              f"{_fmt(m.get('false_drains_per_1000_node_days')):>9} "
+              f"{_ci(m):>10} {_fmt(m.get('false_drains_per_1000_node_days')):>9} "
               f"{_fmt(m.get('median_lead_time_h')):>7}")
+    if out.get("prior"):
+        s = out["prior"]["at_shipped_threshold"]
+        print(f"(fleet prior at its shipped threshold {_fmt(s['threshold'])}: recall "
+              f"{_fmt(s['recall_at_budget'])} [{_ci(s)}], "
+              f"{_fmt(s['false_drains_per_1000_node_days'])} false drains / 1,000 node-days)")
     print(f"\n{'goodput':<16} {'GPU-h lost':>10} {'avoided':>8} {'false drains':>12} {'ETTR':>6}")
     for name in ("no_action", "reactive_xid", "dcgm_thresholds", "fleetcare"):
         g = out["goodput"][name]
