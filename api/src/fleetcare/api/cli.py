@@ -19,13 +19,14 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from fleetcare.api.progress import progress_bar
 from fleetcare.collectors.config import ConfigError, load
 from fleetcare.collectors.durations import parse_duration
+from fleetcare.collectors.transport.kafka import KafkaSecurityConfig
 
 log = logging.getLogger("fleetcare")
 
@@ -35,8 +36,10 @@ class CliError(Exception):
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The ``[cli]`` table; every key is also ``FLEETCARE_CLI_<KEY>``; flags win."""
+class Settings(KafkaSecurityConfig):
+    """The ``[cli]`` table; every key is also ``FLEETCARE_CLI_<KEY>``; flags win. A secured
+    Kafka cluster (``serve --bus``, ``ingest``): the ``kafka_*`` keys of
+    ``KafkaSecurityConfig``."""
 
     db: str = "var/fleetcare.duckdb"
     host: str = "127.0.0.1"
@@ -49,20 +52,6 @@ class Settings:
     lake: str | None = None
     group: str | None = None
     topic_prefix: str | None = None
-    # a secured Kafka cluster (kafka-python's names): serve --bus and ingest
-    kafka_security_protocol: str | None = None
-    kafka_ssl_cafile: str | None = None
-    kafka_ssl_certfile: str | None = None
-    kafka_ssl_keyfile: str | None = None
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_plain_username: str | None = None
-    kafka_sasl_plain_password: str | None = None
-
-    def kafka_security(self) -> dict[str, str]:
-        """The Kafka security options that are set, by kafka-python's names."""
-        prefix = "kafka_"
-        return {f.name[len(prefix):]: getattr(self, f.name) for f in fields(self)
-                if f.name.startswith(prefix) and getattr(self, f.name) is not None}
 
 
 def _print_json(obj: object) -> None:

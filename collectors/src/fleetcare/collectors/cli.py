@@ -15,7 +15,6 @@ configuration error that names the flag or key.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import datetime as dt
 import json
 import logging
@@ -35,6 +34,7 @@ from fleetcare.collectors.backend import BackendError, GpuBackend, Reading
 from fleetcare.collectors.config import ENV_PREFIX, ConfigError, describe, load
 from fleetcare.collectors.durations import parse_duration
 from fleetcare.collectors.transport.factory import DEFAULT_SPOOL_DIR, bus_scheme, open_bus
+from fleetcare.collectors.transport.kafka import KafkaSecurityConfig
 from fleetcare.collectors.xid import DEFAULT_CATALOG, XidCatalog
 
 log = logging.getLogger("fleetcare.collectors.agent")
@@ -56,7 +56,7 @@ class UsageError(Exception):
 
 
 @dataclass(frozen=True)
-class AgentConfig:
+class AgentConfig(KafkaSecurityConfig):
     """The ``[agent]`` table; every key is also ``FLEETCARE_AGENT_<KEY>`` and a flag."""
 
     backend: str = "nvml,kernel-log"
@@ -69,14 +69,7 @@ class AgentConfig:
     spool_dir: str = DEFAULT_SPOOL_DIR
     spool_max_bytes: int = 1 << 30
     topic_prefix: str = ""
-    kafka_partitions: int = 6
-    kafka_security_protocol: str | None = None
-    kafka_ssl_cafile: str | None = None
-    kafka_ssl_certfile: str | None = None
-    kafka_ssl_keyfile: str | None = None
-    kafka_sasl_mechanism: str | None = None
-    kafka_sasl_plain_username: str | None = None
-    kafka_sasl_plain_password: str | None = None
+    kafka_partitions: int = 6  # and the kafka_* security settings of KafkaSecurityConfig
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     kmsg_source: str = "/dev/kmsg"
     nodes: int | None = None  # sim only
@@ -374,8 +367,7 @@ def close_all(backends: Sequence[Any]) -> None:
 def bus_options(cfg: AgentConfig) -> dict[str, Any]:
     if bus_scheme(cfg.bus) == "embedded":
         return {}
-    security = {k.removeprefix("kafka_"): v for k, v in dataclasses.asdict(cfg).items()
-                if k.startswith(("kafka_ssl", "kafka_sasl", "kafka_security")) and v}
+    security = {k: v for k, v in cfg.kafka_security().items() if v}
     return {"spool_max_bytes": cfg.spool_max_bytes, "topic_prefix": cfg.topic_prefix,
             "partitions": cfg.kafka_partitions, "security": security or None}
 

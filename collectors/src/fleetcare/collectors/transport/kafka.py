@@ -26,6 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,6 +50,26 @@ SECURITY_KEYS = frozenset({
     "sasl_kerberos_service_name", "sasl_kerberos_domain_name", "sasl_oauth_token_provider",
 })
 """kafka-python options passed through from ``security=`` (same names as kafka-python)."""
+
+
+@dataclass(frozen=True)
+class KafkaSecurityConfig:
+    """A secured Kafka cluster's settings, kafka-python's names with ``kafka_`` in front:
+    every config table that talks to Kafka (the agent's, the service's) inherits them."""
+
+    kafka_security_protocol: str | None = None
+    kafka_ssl_cafile: str | None = None
+    kafka_ssl_certfile: str | None = None
+    kafka_ssl_keyfile: str | None = None
+    kafka_sasl_mechanism: str | None = None
+    kafka_sasl_plain_username: str | None = None
+    kafka_sasl_plain_password: str | None = None
+
+    def kafka_security(self) -> dict[str, Any]:
+        """The options that are set, by kafka-python's names (``security=`` of the bus
+        and the consumer)."""
+        return {f.name.removeprefix("kafka_"): getattr(self, f.name)
+                for f in fields(KafkaSecurityConfig) if getattr(self, f.name) is not None}
 
 
 def parse_url(url: str) -> list[str]:
