@@ -76,12 +76,13 @@ def _rule(fn: Any, store: Any, name: str, t0: dt.datetime, t1: dt.datetime) -> B
 def run_fleet(workdir: Path, fleet: SimFleet, model: FailureModel, threshold: float
               ) -> dict[str, Any]:
     """One fleet: the prior's scores, the rules' alarms, the goodput runs."""
+    rows = prior.fleet_rows(workdir, fleet, say=say)
+    say(f"scoring {fleet.name}")
+    fs = prior.score_fleet(rows, model)
+    t0 = fs.scores.ts.min().astype(dt.datetime).replace(tzinfo=dt.UTC)
+    t1 = (fs.scores.ts.max() + np.timedelta64(3600, "s")).astype(dt.datetime).replace(
+        tzinfo=dt.UTC)
     with prior.open_fleet(workdir, fleet, say=say) as store:
-        say(f"scoring {fleet.name}")
-        fs = prior.score_fleet(store, model, fleet.name)
-        t0 = fs.scores.ts.min().astype(dt.datetime).replace(tzinfo=dt.UTC)
-        t1 = (fs.scores.ts.max() + np.timedelta64(3600, "s")).astype(dt.datetime).replace(
-            tzinfo=dt.UTC)
         rules = {r.name: r for r in (_rule(B.reactive_xid_from_store, store, fleet.name, t0, t1),
                                      _rule(B.dcgm_alarms, store, fleet.name, t0, t1))}
     return {"scores": fs, "rules": rules, "start": np.datetime64(t0.replace(tzinfo=None), "us"),

@@ -125,25 +125,67 @@ def open_fleet(workdir: str | Path, fleet: SimFleet, *, interval_s: int = INTERV
     return store
 
 
+# -- a fleet's rows -----------------------------------------------------------------------------
+@dataclass
+class FleetRows:
+    """A simulated fleet's compact feature rows after warm-up, and its failures."""
+
+    fleet: SimFleet
+    table: pa.Table
+    failures: list[M.Failure]
+    last: np.datetime64  # the newest telemetry: labels after last - H are not known
+
+
+def _rows_key(horizon_h: float) -> str:
+    """What the cached rows depend on: the feature catalogue, the model's feature list,
+    the horizon. A change of any of them reads the fleet again."""
+    from fleetcare.pipeline.features import FEATURE_NAMES
+
+    text = json.dumps([FEATURE_NAMES, T.model_features(FEATURE_NAMES), horizon_h])
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def fleet_rows(workdir: str | Path, fleet: SimFleet, *, horizon_h: float = 24.0,
+               say: Progress | None = None) -> FleetRows:
+    """The fleet's rows (``dataset.load`` from a day after its start to its end), read
+    from its store once and kept beside it as Parquet (with the failures and the end in
+    the file's metadata): training, validation and benchmarks read them again in seconds."""
+    import pyarrow.parquet as pq
+
+    path = Path(workdir) / f"{fleet.name}-{fleet.seed}.rows-{_rows_key(horizon_h)}.parquet"
+    if not path.exists():
+        with open_fleet(workdir, fleet, say=say) as store:
+            lo, hi = T._telemetry_range(store)
+            table = dataset.load(store, lo + T.WARMUP, hi, horizon_h=horizon_h, say=say)
+            failures = dataset.fleet_failures(store)
+        doc = {"failures": [[f.node, str(f.ts), f.mode] for f in failures],
+               "last": hi.replace(tzinfo=None).isoformat()}
+        table = table.replace_schema_metadata({"fleetcare": json.dumps(doc)})
+        tmp = path.with_suffix(".tmp")
+        pq.write_table(table, tmp, compression="zstd")
+        tmp.replace(path)
+    table = pq.read_table(path)
+    doc = json.loads(table.schema.metadata[b"fleetcare"])
+    failures = [M.Failure(n, np.datetime64(t, "us"), m) for n, t, m in doc["failures"]]
+    return FleetRows(fleet, table.replace_schema_metadata(None), failures,
+                     np.datetime64(doc["last"], "us"))
+
+
 # -- training ---------------------------------------------------------------------------------
-def training_rows(store: Store, *, horizon_h: float, seed: int, say: Progress
-                  ) -> tuple[pa.Table, pa.Table]:
-    """(train, calibration) rows of one fleet, healthy rows down-sampled with weights."""
-    lo, hi = T._telemetry_range(store)
-    start, end = lo + T.WARMUP, hi
-    cal_start = start + (end - start) * (1 - CAL_FRACTION)
-    failures = dataset.fleet_failures(store)
+def training_rows(rows: FleetRows, *, horizon_h: float, seed: int) -> tuple[pa.Table, pa.Table]:
+    """(train, calibration) rows of one fleet, healthy rows down-sampled with weights: the
+    last ``CAL_FRACTION`` of its time calibrates, the rest trains; the day after each
+    failure does neither (``training.aftermath``), nor a row whose label is not known."""
+    table = rows.table
+    ts = T.ts_column(table)
+    first, last = ts.min(), rows.last
+    b1 = first + (last - first) * (1 - CAL_FRACTION)
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
-    b1, last = T._np_ts(cal_start), T._np_ts(hi)
-    train, cal = [], []
-    for chunk in dataset.chunks(store, start, end, horizon_h=horizon_h, say=say):
-        ts = T.ts_column(chunk)
-        fit = ~dataset.aftermath(chunk, failures)
-        train.append(dataset.sample(chunk, (ts + H <= b1) & fit, negatives=NEGATIVES,
-                                    seed=seed))
-        cal.append(dataset.sample(chunk, (ts >= b1) & (ts + H <= last) & fit,
-                                  negatives=NEGATIVES, seed=seed + 1))
-    return pa.concat_tables(train), pa.concat_tables(cal)
+    fit = ~dataset.aftermath(table, rows.failures)
+    train = dataset.sample(table, (ts + H <= b1) & fit, negatives=NEGATIVES, seed=seed)
+    cal = dataset.sample(table, (ts >= b1) & (ts + H <= last) & fit, negatives=NEGATIVES,
+                         seed=seed + 1)
+    return train, cal
 
 
 def fit(train: pa.Table, cal: pa.Table, *, horizon_h: float = 24.0, seed: int = 0
@@ -172,35 +214,28 @@ class FleetScores:
     gpu_p: np.ndarray
 
 
-def score_fleet(store: Store, model: FailureModel, name: str, *, horizon_h: float = 24.0,
-                every_s: int = 3600, start: dt.datetime | None = None,
-                say: Progress | None = None) -> FleetScores:
-    """Score every GPU-hour of the fleet from ``start`` (default: after warm-up) to its
-    end with ``model``; node names get ``name + "/"`` in front (fleets never share one)."""
-    from fleetcare.models.evaluation import NodeScores, node_scores
+def score_fleet(rows: FleetRows, model: FailureModel, *, horizon_h: float = 24.0,
+                every_s: int = 3600, since: np.datetime64 | None = None) -> FleetScores:
+    """``model``'s node risks over every row of the fleet (from ``since`` when given);
+    node names get the fleet's name and a ``/`` in front (fleets never share a node)."""
+    from fleetcare.models.evaluation import node_scores
 
-    lo, hi = T._telemetry_range(store)
-    start = start or lo + T.WARMUP
+    name = rows.fleet.name
+    table = rows.table
+    ts = T.ts_column(table)
+    mask = np.ones(table.num_rows, dtype=bool) if since is None else ts >= since
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
-    last = T._np_ts(hi)
-    parts, ys, ps = [], [], []
-    for chunk in dataset.chunks(store, start, hi, horizon_h=horizon_h, every_s=every_s,
-                                names=model.feature_names_in_, say=say):
-        p = model.predict_proba(chunk)[:, 1]
-        ts = T.ts_column(chunk)
-        known = ts + H <= last
-        parts.append(node_scores(chunk, np.ones(chunk.num_rows, dtype=bool), p, known))
-        ys.append(T._bool(chunk, "label")[known])
-        ps.append(p[known])
-    s = NodeScores(*(np.concatenate([getattr(x, k) for x in parts])
-                     for k in ("ts", "node", "risk", "label", "known")))
+    known = ts + H <= rows.last
+    sub = table.filter(pa.array(mask)) if since is not None else table
+    p = model.predict_proba(sub)[:, 1]
+    s = node_scores(table, mask, p, known)
     s.node = np.array([f"{name}/{n}" for n in s.node], dtype=object)
-    t0, t1 = T._np_ts(start), last
-    failures = [M.Failure(f"{name}/{f.node}", f.ts, f.mode)
-                for f in dataset.fleet_failures(store)
-                if t0 < np.datetime64(f.ts, "us") <= t1]
+    t0 = ts[mask].min()
+    failures = [M.Failure(f"{name}/{f.node}", f.ts, f.mode) for f in rows.failures
+                if t0 < np.datetime64(f.ts, "us") <= rows.last]
     node_days = len(s.ts) * every_s / 86400.0
-    return FleetScores(name, s, failures, node_days, np.concatenate(ys), np.concatenate(ps))
+    km = known[mask]
+    return FleetScores(name, s, failures, node_days, T._bool(sub, "label")[km], p[km])
 
 
 def pooled(fleets: Sequence[FleetScores]) -> FleetScores:
@@ -249,8 +284,8 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
     t0 = time.perf_counter()
     trains, cals = [], []
     for fleet in train_fleets:
-        with open_fleet(workdir, fleet, say=say) as store:
-            tr, ca = training_rows(store, horizon_h=horizon_h, seed=seed, say=say)
+        tr, ca = training_rows(fleet_rows(workdir, fleet, horizon_h=horizon_h, say=say),
+                               horizon_h=horizon_h, seed=seed)
         trains.append(tr)
         cals.append(ca)
         say(f"{fleet.name}: {tr.num_rows} train rows ({int(T._bool(tr, 'label').sum())} "
@@ -259,11 +294,8 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
     del trains, cals
     say(f"fitting on {train.num_rows} rows")
     model = fit(train, cal, horizon_h=horizon_h, seed=seed)
-    scored = []
-    for fleet in validation_fleets:
-        with open_fleet(workdir, fleet, say=say) as store:
-            scored.append(score_fleet(store, model, fleet.name, horizon_h=horizon_h, say=say))
-    val = pooled(scored)
+    val = pooled([score_fleet(fleet_rows(workdir, f, horizon_h=horizon_h, say=say), model,
+                              horizon_h=horizon_h) for f in validation_fleets])
     chosen = metrics_of(val)
     meta = {
         "format": 1,
