@@ -39,6 +39,7 @@ from fleetcare.models import baselines as B
 from fleetcare.models import goodput_sim as G
 from fleetcare.models import metrics as M
 from fleetcare.models import prior
+from fleetcare.models import training as T
 from fleetcare.models.goodput import CostModel
 from fleetcare.models.model import FailureModel
 from fleetcare.models.prior import SimFleet
@@ -56,8 +57,7 @@ HOME_X4 = (
 )
 POOL_REAL = tuple(
     [SimFleet(f"r96-{i}", 96, 45, 6001 + i, MIXES[i], 1) for i in range(5)]
-    + [SimFleet(f"r512-{i}", 512, 45 if i % 2 else 30, 6101 + i, MIXES[i + 1], 1)
-       for i in range(5)])
+    + [SimFleet(f"r512-{i}", 512, 30, 6101 + i, MIXES[i + 1], 1) for i in range(5)])
 GROUPS = {"x4": POOL_X4, "home": HOME_X4, "real": POOL_REAL}
 COST = CostModel()
 WINDOW_H = M.WINDOW_H
@@ -178,12 +178,78 @@ def summarise(runs: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
     }
 
 
+def fine_tune(model: FailureModel, train: Any, cal: Any, rounds: int = 100) -> FailureModel:
+    """The prior's booster boosted ``rounds`` more on the fleet's rows, recalibrated."""
+    import lightgbm as lgb
+
+    from fleetcare.models.model import as_matrix
+
+    m = FailureModel.from_bytes(model.to_bytes())
+    X, names = as_matrix(train, m.feature_names_in_, dtype=np.float32)
+    data = lgb.Dataset(X, label=T._bool(train, "label").astype(float),
+                       weight=train.column("weight").to_numpy(), feature_name=names)
+    m.booster_ = lgb.train(m.lgb_params(m.scale_pos_weight_, names), data,
+                           num_boost_round=rounds, init_model=m.booster_)
+    return m.recalibrate(cal, T._bool(cal, "label"), cal_weight=cal.column("weight").to_numpy())
+
+
+def compare(workdir: Path, fleets: Any, model: FailureModel) -> dict[str, Any]:
+    """On each fleet's last 25 %: the prior, the prior recalibrated on the fleet's own
+    calibration period, the prior fine-tuned on its training period, and a model of the
+    fleet's own (the prior's recipe on the fleet's first 60 %). Every method at its best
+    threshold within the budget on the same rows, so only the ranking differs."""
+    from fleetcare.models import dataset
+
+    per: dict[str, Any] = {}
+    pools: dict[str, list[Any]] = {k: [] for k in ("prior", "recalibrated", "fine_tuned",
+                                                  "own")}
+    for fleet in fleets:
+        rows = prior.fleet_rows(workdir, fleet, say=say)
+        ts = T.ts_column(rows.table)
+        first, last = ts.min(), rows.last
+        b1, b2 = first + (last - first) * 0.60, first + (last - first) * 0.75
+        H = np.timedelta64(24 * 3600, "s")
+        fit = ~dataset.aftermath(rows.table, rows.failures)
+        train = dataset.sample(rows.table, (ts + H <= b1) & fit, negatives=prior.NEGATIVES)
+        cal = dataset.sample(rows.table, (ts >= b1) & (ts + H <= b2) & fit,
+                             negatives=prior.NEGATIVES, seed=1)
+        n_train = len({(f.node, f.ts) for f in rows.failures
+                       if first < np.datetime64(f.ts, "us") <= b1})
+        models = {"prior": model}
+        if T._bool(cal, "label").any():
+            models["recalibrated"] = model.recalibrate(cal, T._bool(cal, "label"),
+                                                       cal_weight=cal.column("weight").to_numpy())
+        if T._bool(train, "label").any():
+            models["fine_tuned"] = fine_tune(model, train, cal)
+            models["own"] = prior.fit(train, cal)
+        del train, cal
+        per[fleet.name] = {"train_failures": n_train}
+        for name, m in models.items():
+            fs = prior.score_fleet(rows, m, since=b2)
+            pools[name].append(fs)
+            got = prior.metrics_of(fs)
+            per[fleet.name][name] = {"pr_auc": got["pr_auc"],
+                                     "recall_at_budget": got["recall_at_budget"],
+                                     "precursor_recall_at_budget":
+                                     got["precursor_recall_at_budget"]}
+        del rows
+    pooled_out = {}
+    for name, fss in pools.items():
+        if len(fss) == len(fleets):
+            got = prior.metrics_of(prior.pooled(fss))
+            pooled_out[name] = {k: got[k] for k in ("pr_auc", "recall_at_budget",
+                                                    "precursor_recall_at_budget",
+                                                    "n_failures")}
+    return {"per_fleet": per, "pooled": pooled_out}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", required=True, help="the fleets' stores (reused)")
-    ap.add_argument("--only", choices=sorted(GROUPS), action="append",
-                    help="run only these groups (default all)")
+    ap.add_argument("--only", choices=sorted(GROUPS) + ["compare"], action="append",
+                    help="run only these groups (default x4, home, real; compare: the prior "
+                         "against the fleet's own, recalibrated and fine-tuned models)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     blob, meta = prior.load()
@@ -195,6 +261,9 @@ def main() -> int:
                            "prior": prior.prior_id(blob), "threshold": threshold,
                            "window_h": WINDOW_H, "budget": "1 false drain / 1,000 node-days"}
     for g in groups:
+        if g == "compare":
+            out[g] = compare(workdir, POOL_X4 + POOL_REAL, model)
+            continue
         runs = [run_fleet(workdir, f, model, threshold) for f in GROUPS[g]]
         out[g] = summarise(runs, threshold)
     targets = {}

@@ -31,8 +31,8 @@ from fleetcare.models import metrics as M
 from fleetcare.models import training as T
 
 Progress = Callable[[str], None]
-CHUNK = dt.timedelta(days=4)
-"""Scoring times per chunk: with the 7-day windows' history, ~11 days of rollups a query."""
+CHUNK = dt.timedelta(days=8)
+"""Scoring times per chunk: with the 7-day windows' history, ~15 days of rollups a query."""
 WEIGHT = "weight"
 
 

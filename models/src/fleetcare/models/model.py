@@ -277,6 +277,22 @@ class FailureModel:
             min_isotonic_positives=self.min_isotonic_positives, weight=cw)
         return self
 
+    def recalibrate(self, X_cal: Matrix, y_cal: Any, *, cal_weight: Any = None
+                    ) -> FailureModel:
+        """A copy with the same booster and a calibrator fitted on ``X_cal``/``y_cal``
+        (e.g. the fleet prior recalibrated on one fleet's own recent data)."""
+        self._check()
+        out = FailureModel.from_bytes(self.to_bytes())
+        yc = _as_labels(y_cal)
+        margin = out.decision_function(X_cal)
+        cw = None if cal_weight is None else np.asarray(cal_weight, dtype=np.float64)
+        out.calibrator_ = _fit_calibrator(margin, yc, spw=out.scale_pos_weight_,
+                                          method=out.calibration,
+                                          min_isotonic_positives=out.min_isotonic_positives,
+                                          weight=cw)
+        out.n_cal_positives_ = int(yc.sum())
+        return out
+
     # -- prediction ---------------------------------------------------------------------
     def _check(self) -> None:
         if not hasattr(self, "booster_"):
