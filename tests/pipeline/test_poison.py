@@ -322,3 +322,39 @@ def test_after_a_salvage_a_bad_record_keeps_its_own_index_and_bytes() -> None:
     assert hot.reason.startswith("samples[2].gpu_temp_c = 10000.0")
     assert msgspec.msgpack.decode(hot.raw) == msg["samples"][2]
     assert [s.gpu_uuid for s in result.batches[0].samples] == ["GPU-1"]
+
+
+# -- the reproduction end to end: `fleetcare ingest` on the embedded bus ----------------------------
+def test_fleetcare_ingest_lands_everything_around_poison_records(tmp_path: Path) -> None:
+    """Was: `ingested 0 records … (stopped: error)`, and every restart died on the same
+    record. Now the good batches land, each poison record is quarantined once, exit 0."""
+    from fleetcare.collectors.transport.embedded import EmbeddedBus
+    from fleetcare.collectors.transport.framing import encode_frame
+    from tests.pipeline.test_ingest_worker import GPUS, make_batch, run_ingest
+
+    bus = EmbeddedBus(tmp_path / "bus")
+    u64 = msgspec.to_builtins(make_batch("n1", 5))
+    u64["samples"][1]["ecc_corrected_volatile"] = U64_MAX
+    bus.send(make_batch("n1", 1))
+    bus._append(encode_frame(0, b"n1", DEEP_MSGPACK))
+    bus.send(make_batch("n1", 2))
+    bus._append(encode_frame(0, b"n1", msgspec.msgpack.encode(u64)))
+    bus.send(make_batch("n1", 3))
+    bus._append(encode_frame(7, b"n1", encode_batch(make_batch("n1", 6))))
+    bus.send(make_batch("n1", 4))
+    bus.flush()
+    seg = next((tmp_path / "bus").glob("seg-*.log"))
+    with open(seg, "ab") as f:  # a producer died halfway through its last append
+        f.write(encode_frame(0, b"n1", encode_batch(make_batch("n1", 7)))[:40])
+    db = tmp_path / "f.duckdb"
+    out = run_ingest("--bus", f"embedded://{tmp_path / 'bus'}", "--db", str(db),
+                     "--exit-when-idle", "0.5")
+    assert (out["records"], out["samples"], out["quarantined"], out["reason"]) == (
+        8, 4 * GPUS + GPUS - 1, 4, "idle")
+    with duckdb.connect(str(db), read_only=True) as con:
+        codes = [c for (c,) in con.execute("SELECT code FROM quarantine").fetchall()]
+    assert sorted(codes) == ["nesting_too_deep", "sentinel_value", "torn_record",
+                             "unknown_topic"]
+    again = run_ingest("--bus", f"embedded://{tmp_path / 'bus'}", "--db", str(db),
+                       "--exit-when-idle", "0.5")
+    assert again["records"] == 0  # committed past every record, good or poison
