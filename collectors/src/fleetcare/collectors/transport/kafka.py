@@ -358,6 +358,22 @@ class KafkaBus:
                 return
 
 
+def _record(r: Any) -> Record:
+    """A kafka-python ConsumerRecord as a ``Record``; never raises: a key that is not UTF-8
+    comes as ``error_code="invalid_key"`` (ingest quarantines it), a null value as b""."""
+    key = r.key or b""
+    value = r.value if r.value is not None else b""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return Record(topic=r.topic, key=key.decode("utf-8", "replace"), value=value,
+                      partition=r.partition, offset=r.offset, error_code="invalid_key",
+                      error=f"the message key {key[:64]!r} is not UTF-8 text; keys are node "
+                            "names")
+    return Record(topic=r.topic, key=text, value=value, partition=r.partition,
+                  offset=r.offset)
+
+
 class KafkaConsumerSource:
     """The ``BusConsumer`` on Kafka: one member of consumer group ``group_id``.
 
@@ -402,9 +418,7 @@ class KafkaConsumerSource:
         polled = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[Record] = []
         for tp, records in polled.items():
-            for r in records:
-                out.append(Record(topic=r.topic, key=(r.key or b"").decode("utf-8", "replace"),
-                                  value=r.value, partition=r.partition, offset=r.offset))
+            out.extend(_record(r) for r in records)
             if records:
                 self._positions[tp] = records[-1].offset + 1
         return out
