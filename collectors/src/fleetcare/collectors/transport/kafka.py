@@ -30,6 +30,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetcare.collectors.contract import Batch, WireFormat, encode_batch
+from fleetcare.collectors.redact import mask_secrets
 from fleetcare.collectors.transport import (
     EVENTS_TOPIC,
     TELEMETRY_TOPIC,
@@ -55,7 +56,12 @@ def parse_url(url: str) -> list[str]:
     """``kafka://host:port[,host:port...]`` -> bootstrap servers."""
     parts = urlsplit(url)
     if parts.scheme != "kafka" or not parts.netloc:
-        raise ValueError(f"Kafka URL {url!r} is not of the form kafka://HOST:PORT[,HOST:PORT]")
+        raise ValueError(f"Kafka URL {mask_secrets(url)!r} is not of the form "
+                         "kafka://HOST:PORT[,HOST:PORT]")
+    if "@" in parts.netloc:
+        from fleetcare.collectors.transport.factory import CREDENTIALS_IN_URL
+
+        raise ValueError(f"Kafka URL {mask_secrets(url)!r}: {CREDENTIALS_IN_URL}")
     return [hp if ":" in hp else f"{hp}:9092" for hp in parts.netloc.split(",") if hp]
 
 
