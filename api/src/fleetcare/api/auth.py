@@ -226,6 +226,7 @@ def require(scope: str) -> Any:
         return info
 
     check.__name__ = f"require_{scope}"
+    check.scope = scope  # type: ignore[attr-defined]  (app._route_scope reads it)
     return check
 
 

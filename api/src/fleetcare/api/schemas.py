@@ -15,6 +15,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, field_validator
 
 from fleetcare.collectors.contract import CAUSES, GpuSample
+from fleetcare.pipeline.limits import Limits
 
 IsoTime = str
 """ISO-8601 UTC timestamp ending in 'Z', e.g. ``2026-01-31T12:00:00.250000Z``."""
@@ -151,7 +152,8 @@ class NodeLabelsOut(BaseModel):
 
 
 # -- incidents -------------------------------------------------------------------------------
-Name = Annotated[str, StringConstraints(min_length=1, max_length=256,
+_LIMITS = Limits()  # the string bounds ingest applies (fleetcare.pipeline.limits), one source
+Name = Annotated[str, StringConstraints(min_length=1, max_length=_LIMITS.max_name_len,
                                         pattern=r"^[^\x00-\x1f\x7f]+$")]
 # A cause is one of the contract's CAUSES (the one list of them): pydantic validates and
 # documents the Literal built from it at run time. mypy cannot evaluate a Literal built
@@ -178,7 +180,7 @@ class IncidentIn(BaseModel):
     mode: Name | None = Field(default=None,
                               description="hbm, thermal, nvlink, pcie, gsp, sram, none.")
     xid: int | None = Field(default=None, ge=0, le=65535)
-    note: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    note: Annotated[str, StringConstraints(max_length=_LIMITS.max_text_len)] | None = None
     source: Name = Field(default="api", description="Who reports it (default 'api').")
 
     @field_validator("ts")
