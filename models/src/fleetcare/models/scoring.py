@@ -189,8 +189,10 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
     if model is None:
         rec = registry.current(store)
         if rec is None:
-            raise ScoreError("no current model to score with: train one first "
-                             "(fleetcare.models.training) or promote one from list_models()")
+            raise ScoreError("no current model to score with: train one with `fleetcare "
+                             "train --db PATH`, or make a registered one current with "
+                             "`fleetcare models promote MODEL_ID --db PATH` (see `fleetcare "
+                             "models list`)")
         model = rec.model_id
     m = _model(store, model)
     if features is None:
