@@ -269,6 +269,25 @@ def _check_version_number(version: int, raw: bytes) -> None:
         raise DecodeError(f"schema_version {version} is not a valid version (>= 1)", raw)
 
 
+def null_sentinels(sample: GpuSample) -> GpuSample:
+    """``sample`` with every "no value" sentinel made ``None``: an integer from
+    ``DCGM_INT64_BLANK`` up (DCGM's blanks, NVML's 2**64-1), a float from ``DCGM_FP64_BLANK``
+    up, and an integer list holding one (a list cannot hold a null, and a made-up entry would
+    read as a count). Backends apply it to what they read; ingest refuses a sentinel that
+    another producer sends."""
+    changes: dict[str, Any] = {}
+    for f, value in zip(msgspec.structs.fields(sample), msgspec.structs.astuple(sample),
+                        strict=True):
+        if value is None or isinstance(value, bool | str | dt.datetime):
+            continue
+        if isinstance(value, list):
+            if value and not isinstance(value[0], bool) and max(value) >= DCGM_INT64_BLANK:
+                changes[f.name] = None
+        elif value >= (DCGM_INT64_BLANK if isinstance(value, int) else DCGM_FP64_BLANK):
+            changes[f.name] = None
+    return msgspec.structs.replace(sample, **changes) if changes else sample
+
+
 def sample_fields() -> tuple[msgspec.structs.FieldInfo, ...]:
     """The ``GpuSample`` fields with their types, in column order (for DDL and Arrow)."""
     return msgspec.structs.fields(GpuSample)
