@@ -41,11 +41,14 @@ class CliError(Exception):
 
 
 class Parser(argparse.ArgumentParser):
-    """Usage errors as one line: what is wrong, naming the flag, and where help is."""
+    """Usage errors as one line, ``PROG: error: MESSAGE`` naming the flag: the usage dump
+    argparse prints before it is left out (``--help`` shows it)."""
 
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {mask_secrets(message)} (see `{self.prog} "
-                     "--help`)\n")
+    def print_usage(self, file: Any = None) -> None:
+        """Called by ``error`` only (``--help`` prints the help): nothing."""
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        super().exit(status, mask_secrets(message) if message else message)
 
 
 def port(text: str) -> int:

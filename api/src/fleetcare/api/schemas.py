@@ -171,7 +171,10 @@ class IncidentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ts: dt.datetime = Field(description="When it happened: ISO-8601 with a time zone "
-                            "('Z' or an offset), e.g. 2026-03-01T14:05:00Z.")
+                            "('Z' or an offset), e.g. 2026-03-01T14:05:00Z; at most "
+                            f"{_LIMITS.max_age_s / 86400:g} days before and "
+                            f"{_LIMITS.max_future_s:g} s after the server's clock, as ingest "
+                            "accepts (older history: `fleetcare incident import`).")
     node: Name
     kind: Literal["failure", "repair", "rma"] = Field(
         description="'failure' interrupts jobs; 'repair'/'rma' record the fix.")
