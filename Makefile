@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast lint typecheck bench kafka kafka-stop slurm-stop clean
+.PHONY: install demo test test-fast fuzz lint typecheck bench kafka kafka-stop slurm-stop clean
 
 install: $(STAMP)
 
@@ -28,6 +28,12 @@ test: install
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not kafka"
+
+# The ingest fuzz tests with fresh randomness and many more examples than `make test`'s
+# 10,000 (derandomized); FUZZ_EXAMPLES=1000000 make fuzz for a long run.
+FUZZ_EXAMPLES ?= 200000
+fuzz: install
+	FLEETCARE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider tests/pipeline/test_fuzz_ingest.py
 
 lint: install
 	$(BIN)/ruff check collectors pipeline models api tests bench

@@ -14,6 +14,7 @@ HERE = Path(__file__).parent
 BENCHES = [
     ["bench_simulator.py"],
     ["bench_ingest.py"],
+    ["bench_bad_records.py", "--messages", "2000", "--fuzz-examples", "2000"],
     ["bench_fleet_scoring.py"],
     ["bench_agent.py", "--case", "sim", "--ticks", "100"],
     ["bench_agent.py", "--case", "nvml", "--ticks", "100"],

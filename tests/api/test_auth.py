@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import re
@@ -11,8 +12,9 @@ import pytest
 from fleetcare.api import auth
 from fleetcare.api.cli import main
 
-INCIDENT = {"ts": "2026-03-01T14:05:00Z", "node": "n1", "kind": "failure",
-            "cause": "faulty_gpu"}
+# an hour ago: POST /v1/incidents takes what ingest takes (at most 400 days old)
+INCIDENT = {"ts": (dt.datetime.now(dt.UTC) - dt.timedelta(hours=1)).isoformat(), "node": "n1",
+            "kind": "failure", "cause": "faulty_gpu"}
 
 
 @pytest.fixture

@@ -223,21 +223,53 @@ def test_demo_serves_live_until_interrupted(tmp_path: Path) -> None:
             proc.kill()
 
 
-def test_train_promotes_only_a_better_model(small_db: Path) -> None:
-    """A second `fleetcare train` is compared with the current model on its held-out
-    period; stdout keeps the contract's keys, the decision goes to stderr."""
-    import duckdb
+def test_train_promotes_only_a_better_model(small_db: Path, tmp_path: Path) -> None:
+    """Issue 13: this test used to hold whichever way promotion went (no worse model was
+    ever offered). Now both ways are offered, with a model provably worse on the held-out
+    period: one that scores every row the same (it reads a feature the store does not
+    have), planted through the registry on the trained model's own ranges."""
+    import shutil
 
-    out = run("train", "--db", str(small_db), "--seed", "3", "--min-failures", "5", "--json")
+    from fleetcare.models import registry
+    from fleetcare.pipeline.store import Store
+    from tests.models.test_promotion import _blind_model
+
+    db = tmp_path / "fleet.duckdb"
+    shutil.copy(small_db, db)  # the module's database stays as the other tests left it
+    out = run("train", "--db", str(db), "--seed", "3", "--min-failures", "5", "--json")
+    assert out.returncode == 0, out.stderr
+    good = json.loads(out.stdout)["model_id"]
+    assert set(json.loads(out.stdout)) == {"model_id", "metrics"}
+    assert run("models", "promote", good, "--force", "--db", str(db)).returncode == 0
+    with Store(db) as store:
+        rec = registry.get(store, good)
+        blind = registry.save(store, _blind_model(), train_range=rec.train_range,
+                              cal_range=rec.cal_range, test_range=rec.test_range,
+                              make_current=False).model_id
+
+    def current() -> str:
+        with Store(db) as store:
+            cur = registry.current(store)
+            assert cur is not None
+            return cur.model_id
+
+    # the worse model is offered: refused, with both models' pr_auc on the period
+    out = run("models", "promote", blind, "--db", str(db), "--json")
+    assert out.returncode == 1, out.stderr
+    decision = json.loads(out.stdout)
+    assert decision["promoted"] is False and decision["previous_model_id"] == good
+    assert decision["new_metrics"]["pr_auc"] < decision["current_metrics"]["pr_auc"]
+    assert decision["reason"].startswith(f"{blind} does not beat current {good}")
+    assert current() == good
+
+    # the worse model is current (forced): `fleetcare train` offers a better one, promoted
+    assert run("models", "promote", blind, "--force", "--db", str(db)).returncode == 0
+    out = run("train", "--db", str(db), "--seed", "3", "--min-failures", "5", "--json")
     assert out.returncode == 0, out.stderr
     new_id = json.loads(out.stdout)["model_id"]
-    assert set(json.loads(out.stdout)) == {"model_id", "metrics"}
     line = next(x for x in out.stderr.splitlines() if x.startswith("fleetcare train: "))
-    con = duckdb.connect(str(small_db), read_only=True)
-    current = con.execute("SELECT model_id FROM models WHERE is_current").fetchall()
-    con.close()
-    assert len(current) == 1
-    assert (current[0][0] == new_id) == (" beats " in line or "no current model" in line)
+    assert line.startswith(f"fleetcare train: {new_id} beats current {blind}"), line
+    assert current() == new_id
 
 
 def test_serve_on_a_database_another_process_holds_is_one_line(tmp_path: Path) -> None:

@@ -28,6 +28,20 @@ def fleets(tmp_path_factory):
 def _check_contract(out):
     assert out["simulated"] is True
     assert METHOD <= set(out["model"])
+    # what every figure stands on (issue 12): the fleet, its data and its failures
+    f = out["fleet"]
+    assert f["failures"] == out["model"]["n_failures"] == out["test_period"]["failures"]
+    assert 0 <= f["failures_with_precursors"] <= f["failures"] and f["nodes"] > 0
+    assert f["simulation"] and "failure_scale=20" in f["simulation"][0]
+    m = out["model"]
+    if m["n_failures"]:
+        lo, hi = m["recall_ci95"]
+        assert lo <= m["recall_at_budget"] <= hi and m["detected"] <= m["n_failures"]
+    # the shipped fleet prior on the same test rows
+    p = out["prior"]
+    assert p["model_id"].startswith("prior-") and METHOD <= set(p)
+    assert p["n_failures"] == m["n_failures"]
+    assert p["at_shipped_threshold"]["threshold"] > 0
     assert set(out["baselines"]) == {"reactive_xid", "dcgm_thresholds", "logistic"}
     for m in out["baselines"].values():
         assert METHOD <= set(m)

@@ -136,12 +136,12 @@ def test_drain_candidates_cost_model_from_query(client, fleet):
 
 
 def test_post_incident_stores_the_contract_record(client, store):
-    report = {"ts": "2026-03-01T15:05:00+01:00", "node": "n7", "kind": "failure",
+    report = {"ts": "2026-03-01T12:05:00+01:00", "node": "n7", "kind": "failure",
               "cause": "gpu_hbm3_memory", "gpu_uuid": "GPU-3", "xid": 48,
               "note": "DBE during allreduce"}
     r = client.post("/v1/incidents", json=report)
     assert r.status_code == 201
-    stored = {"ts": "2026-03-01T14:05:00Z", "node": "n7", "kind": "failure",
+    stored = {"ts": "2026-03-01T11:05:00Z", "node": "n7", "kind": "failure",
               "cause": "gpu_hbm3_memory", "source": "api", "gpu_uuid": "GPU-3",
               "mode": None, "xid": 48, "note": "DBE during allreduce"}
     assert r.json() == {**stored, "created": True}

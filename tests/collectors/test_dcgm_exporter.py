@@ -138,3 +138,61 @@ def test_main_parse_dcgm_default_node_and_errors(capsys, tmp_path) -> None:
     bad.write_text("x{ 1\n")
     assert main_parse_dcgm([str(bad)]) == 1
     assert "not Prometheus text format" in capsys.readouterr().err
+
+
+# -- issue 13: every DCGM "no value" sentinel is null; relabelled lower-case names ---------------
+SENTINEL_PAGE = """\
+DCGM_FI_DEV_ECC_SBE_VOL_TOTAL{gpu="0",UUID="GPU-s",modelName="<<<NOT_SUPPORTED>>>"} %s
+DCGM_FI_DEV_PCIE_REPLAY_COUNTER{gpu="0",UUID="GPU-s"} %s
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-s"} %s
+DCGM_FI_DEV_SM_CLOCK{gpu="0",UUID="GPU-s"} %s
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L0{gpu="0",UUID="GPU-s"} 4
+DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_L1{gpu="0",UUID="GPU-s"} %s
+DCGM_FI_DEV_GPU_TEMP{gpu="0",UUID="GPU-s"} 40
+"""
+
+
+@pytest.mark.parametrize("offset", [0, 1, 2, 3], ids=["blank", "not_found", "not_supported",
+                                                      "not_permissioned"])
+def test_every_dcgm_sentinel_becomes_null(offset: int) -> None:
+    """dcgm_structs.h: *_BLANK, +1 NOT_FOUND, +2 NOT_SUPPORTED, +3 NOT_PERMISSIONED, for
+    int64 (9223372036854775792 + k, e.g. 9223372036854775794 as real scrapes show it),
+    fp64 (140737488355328.0 + k) and int32 (2147483632 + k); and the string sentinels."""
+    int64, fp64, int32 = 0x7FFFFFFFFFFFFFF0 + offset, 140737488355328.0 + offset, 0x7FFFFFF0 + offset
+    page = SENTINEL_PAGE % (int64, int64, fp64, int32, int64)
+    (s,), _ = samples_from_series(parse_exposition(page), ts=NOW)
+    assert (s.ecc_corrected_volatile, s.pcie_replay_count, s.power_w, s.sm_clock_mhz) == (
+        None, None, None, None)
+    assert s.nvlink_crc_flit is None  # one blank link: not a list with a made-up 0
+    assert s.model == "" and s.gpu_temp_c == 40.0
+
+
+def test_relabelled_lower_case_metric_names_are_read() -> None:
+    """A relabelling pipeline that lower-cases metric names: the same fields come out."""
+    (upper,), _ = samples_from_series(parse_exposition(SYNTH % 0), ts=NOW)
+    (lower,), _ = samples_from_series(parse_exposition(
+        "\n".join(line.split("{")[0].lower() + "{" + line.split("{", 1)[1]
+                  for line in (SYNTH % 0).splitlines())), ts=NOW)
+    assert lower == upper
+
+
+def test_parse_dcgm_says_when_it_found_no_dcgm_field(tmp_path, capsys) -> None:
+    """Was: a page with no field fleetcare knows printed nothing and exited 0."""
+    page = tmp_path / "other.txt"
+    page.write_text('node_cpu_seconds_total{cpu="0",mode="idle"} 1\n'
+                    'DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{gpu="0",UUID="GPU-1"} 0.5\n')
+    assert main_parse_dcgm([str(page)]) == 1
+    out = capsys.readouterr()
+    assert out.out == ""
+    [line] = out.err.splitlines()
+    assert line.startswith(f"parse-dcgm: {page}: no DCGM field fleetcare maps among 2 series")
+    assert "DCGM_FI_DEV_GPU_TEMP" in line
+
+
+def test_backend_warns_once_when_the_page_has_no_known_field(caplog) -> None:
+    b = DcgmExporterBackend("http://x/metrics", "n",
+                            fetch=lambda u, t: b'up{job="x"} 1\n')
+    with caplog.at_level("WARNING"):
+        assert b.poll(NOW).samples == [] and b.poll(NOW).samples == []
+    warned = [r.getMessage() for r in caplog.records if "dcgm.no_known_fields" in r.getMessage()]
+    assert len(warned) == 1 and "url=http://x/metrics" in warned[0]

@@ -192,6 +192,22 @@ def test_one_unsupported_link_counter_nulls_that_list(fake):
     b.close()
 
 
+def test_an_unsigned_64_bit_sentinel_is_null_not_a_count(fake):
+    """Issue 13: NVML's counters are unsigned 64-bit and 2**64-1 means "not available";
+    nothing from DCGM_INT64_BLANK (2**63-16) up is a count. Null at the source: ingest
+    would otherwise quarantine the whole sample (sentinel_value)."""
+    gpu = fake.scenario.gpus[0]
+    gpu.pcie_replay = 2**64 - 1
+    gpu.ecc[(0, 1)] = 2**64 - 1
+    gpu.nvlink_errors[2] = [9, 2**64 - 1, 7, 6]
+    b = backend(fake, events=False)
+    sample = b.poll(NOW).samples[0]
+    assert (sample.pcie_replay_count, sample.ecc_corrected_aggregate) == (None, None)
+    assert sample.nvlink_crc_flit is None  # one link not available: no made-up list
+    assert sample.ecc_corrected_volatile == 3 and sample.nvlink_crc_data is not None
+    b.close()
+
+
 def test_old_driver_falls_back_to_throttle_reasons(fake):
     fake.scenario.has_event_reasons = False
     b = backend(fake, events=False)

@@ -30,7 +30,8 @@ from fleetcare.collectors.contract import (
     XidEvent,
 )
 from fleetcare.collectors.transport import Record
-from fleetcare.collectors.transport.embedded import _HEAD, EmbeddedBus
+from fleetcare.collectors.transport.embedded import EmbeddedBus
+from fleetcare.collectors.transport.framing import encode_frame
 from fleetcare.pipeline import schema
 from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
@@ -211,7 +212,7 @@ def test_embedded_bus_into_the_lake(tmp_path: Path) -> None:
     for seq in range(130):  # 65 minutes: two hour partitions
         for node in nodes:
             bus.send(make_batch(node, seq))
-    bus._append(_HEAD.pack(6, 0, 8) + b"node-000" + b"\xffjunk\x00")  # one undecodable record
+    bus._append(encode_frame(0, b"node-000", b"\xffjunk\x00"))  # one undecodable record
     bus.flush()
     out = run_ingest("--bus", f"embedded://{tmp_path / 'bus'}", "--lake", str(tmp_path / "lake"),
                      "--exit-when-idle", "0.5", "--worker-id", "w1")

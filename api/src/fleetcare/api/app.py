@@ -12,7 +12,8 @@ Routes (scope needed; see ``fleetcare.api.auth``)::
     GET /                      read   dashboard (HTML, self-contained, auto-refresh)
     GET /healthz               open   liveness + freshness of telemetry and scores
     GET /metrics               open   Prometheus text (node risk, drains held / done)
-    GET /docs, /openapi.json   open   OpenAPI UI and spec (generated from the models)
+    GET /docs, /openapi.json   open   OpenAPI UI (served from the package: no CDN) and spec;
+                                      no /redoc (ReDoc would load a script from a CDN)
     GET /v1/risk               read   latest score per node, highest risk first; filters
                                       (label, partition, gpu_model, min_risk) and paging
     GET /v1/nodes/{n}          read   one node: score, reasons, labels, per-GPU detail
@@ -28,9 +29,13 @@ Routes (scope needed; see ``fleetcare.api.auth``)::
     PUT /v1/nodes/{n}/labels   admin  set a node's labels (partition, rack, ...)
 
 Errors: 401 (no or unknown token, with ``WWW-Authenticate: Bearer``), 403 (naming the
-scope needed), 404, 422 (``message`` plus ``detail[].loc`` naming each bad field, also a
-query parameter the endpoint does not take), 503
+scope needed), 404, 413 (a body over ``max_body_bytes``, default 1 MiB), 422 (``message``
+plus ``detail[].loc`` naming each bad field, also a query parameter the endpoint does not
+take, and NaN/Infinity in a JSON body; the input is echoed as a short excerpt only), 503
 (the database could not answer). Every error body has a human-readable message.
+
+Authentication comes before parameter validation: a request without a valid token gets
+401 (403 for a weak scope) whatever its parameters, never a 422 that echoes them.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from pydantic import Field
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import dashboard, metrics, queries
+from fleetcare.api.request_bounds import DEFAULT_MAX_BODY_BYTES, BodyLimit, excerpt
 from fleetcare.api.schemas import (
     AlertList,
     DrainCandidates,
@@ -126,7 +132,11 @@ def _invalid(loc: list[str | int], msg: str, value: Any = None) -> RequestValida
 def _validation_body(exc: RequestValidationError) -> dict[str, Any]:
     items = []
     for e in exc.errors():
-        items.append({k: e[k] for k in ("loc", "msg", "type", "input") if k in e})
+        item = {k: e[k] for k in ("loc", "msg", "type") if k in e}
+        item["loc"] = [p if isinstance(p, int) else excerpt(str(p)) for p in item.get("loc", [])]
+        if "input" in e:  # an excerpt: never the whole body, always valid JSON
+            item["input"] = excerpt(e["input"])
+        items.append(item)
     first = items[0] if items else {"loc": [], "msg": "invalid request"}
     where = first["loc"]
     field = ".".join(str(p) for p in where[1:]) or "request"
@@ -195,6 +205,33 @@ class NodeFilter:
         self.min_risk = min_risk
 
 
+def _route_scope(route: Any) -> str | None:
+    """The token scope a route requires (from its ``auth.require`` dependencies), if any."""
+    stack = list(getattr(getattr(route, "dependant", None), "dependencies", []))
+    while stack:
+        dep = stack.pop()
+        scope = getattr(dep.call, "scope", None)
+        if isinstance(scope, str):
+            return scope
+        stack.extend(dep.dependencies)
+    return None
+
+
+async def _auth_error(request: Request) -> Response | None:
+    """The 401/403 a request would get from its route's auth check, or None when it passes
+    (or the route is open): what a validation error must not get ahead of."""
+    from fastapi.exception_handlers import http_exception_handler
+
+    scope = _route_scope(request.scope.get("route"))
+    if scope is None or not request.app.state.auth:
+        return None
+    try:
+        _auth.require(scope)(request, await _auth.BEARER(request))
+    except HTTPException as exc:
+        return await http_exception_handler(request, exc)
+    return None
+
+
 def _version() -> str:
     try:
         return metadata.version("fleetcare-api")
@@ -245,7 +282,8 @@ def _ensure_api_tables(store: Store, auth: bool) -> None:
 
 
 def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = time.time,
-               simulated: bool | None = None, drains: Any = None) -> FastAPI:
+               simulated: bool | None = None, drains: Any = None,
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
     """The API over ``store``.
 
     ``drains``: the service's ``DrainController``, for ``POST /v1/drains/{node}/clear``
@@ -255,6 +293,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
     loopback-only use (``fleetcare serve --no-auth``, the demo, tests). ``clock`` gives
     "now" in Unix seconds (the age of the newest score); ``simulated`` forces the
     SIMULATED flag, else it is read per request from ``meta.data_source``.
+    ``max_body_bytes``: larger request bodies get 413 (``request_bounds.BodyLimit``).
     """
     version = _version()
     app = FastAPI(
@@ -263,8 +302,10 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
         description=DESCRIPTION,
         version=version,
         docs_url=None,  # served below from the packaged Swagger UI: no CDN, works offline
+        redoc_url=None,  # ReDoc loads its script from a CDN; clusters are offline
         dependencies=[Depends(_known_query_parameters)],
     )
+    app.add_middleware(BodyLimit, max_body_bytes=max_body_bytes)
     app.state.store = store
     app.state.auth = auth
     app.state.token_cache = _auth.TokenCache()
@@ -288,7 +329,10 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
                       f"{exc}); check the service log and GET /healthz"})
 
     @app.exception_handler(RequestValidationError)
-    def _unprocessable(request: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _unprocessable(request: Request, exc: RequestValidationError) -> Response:
+        denied = await _auth_error(request)  # auth first: no 422 echoes an anonymous query
+        if denied is not None:
+            return denied
         return JSONResponse(status_code=422, content=_validation_body(exc))
 
     @app.get("/healthz", response_model=Health, tags=["service"],
@@ -444,7 +488,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
         try:
             inc = validate(ts=body.ts, node=body.node, kind=body.kind, cause=body.cause,
                            source=body.source, gpu_uuid=body.gpu_uuid, mode=body.mode,
-                           note=body.note)
+                           note=body.note, now=clock())  # ingest's time bounds
         except IncidentError as exc:
             raise _invalid(["body", exc.field], str(exc), exc.value) from None
         if body.xid is not None:

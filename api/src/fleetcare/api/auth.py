@@ -226,6 +226,8 @@ def require(scope: str) -> Any:
         return info
 
     check.__name__ = f"require_{scope}"
+    # the scope a route needs, for the app's auth-before-validation (app._route_scope)
+    check.scope = scope  # type: ignore[attr-defined]
     return check
 
 

@@ -7,7 +7,11 @@
     fleetcare serve --db var/fleet.duckdb --port 8000
     fleetcare demo [--once --json]
 
-Usage errors exit 2 naming the flag; operational errors go to stderr with exit 1.
+Usage errors exit 2 naming the flag; operational errors go to stderr with exit 1. Either
+is one line (what is wrong and how to fix it), never a traceback: an error nobody foresaw
+says so and how to see its traceback (``--log-level debug``). Secrets in URLs are masked
+in every line printed and logged (``fleetcare.collectors.redact``). A reader that closes
+stdout early (``| head``) ends the command quietly with exit 1.
 Every command reads ``FLEETCARE_*`` environment variables and ``--config FILE`` (TOML).
 """
 
@@ -17,15 +21,17 @@ import argparse
 import datetime as dt
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from fleetcare.api.progress import progress_bar
 from fleetcare.collectors.config import ConfigError, load
 from fleetcare.collectors.durations import parse_duration
+from fleetcare.collectors.redact import MaskingFormatter, mask_secrets
 from fleetcare.collectors.transport.kafka import KafkaSecurityConfig
 
 log = logging.getLogger("fleetcare")
@@ -33,6 +39,58 @@ log = logging.getLogger("fleetcare")
 
 class CliError(Exception):
     """An operational error: printed to stderr, exit 1."""
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors as one line, ``PROG: error: MESSAGE`` naming the flag: the usage dump
+    argparse prints before it is left out (``--help`` shows it)."""
+
+    def print_usage(self, file: Any = None) -> None:
+        """Called by ``error`` only (``--help`` prints the help): nothing."""
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        super().exit(status, mask_secrets(message) if message else message)
+
+
+def port(text: str) -> int:
+    """An argparse type: a TCP port, 0..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port: use 1..65535 (0 picks a "
+                                         "free one)")
+    return value
+
+
+def error_line(exc: BaseException) -> str:
+    """The one line printed for an operational error: the message (fleetcare's errors,
+    ValueError and OSError say what is wrong and the fix), or for an error nobody
+    foresaw its type and how to see the traceback. Secrets masked, newlines folded."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    expected = (type(exc).__module__.startswith("fleetcare.")
+                or isinstance(exc, (ValueError, OSError)))
+    if not expected:
+        text = (f"unexpected error ({type(exc).__name__}: {text}); rerun with --log-level "
+                "debug for the traceback, and report it")
+    return mask_secrets(text)
+
+
+def setup_logging(level: str) -> None:
+    """stderr, ``time level logger message``, secrets masked (``MaskingFormatter``)."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(MaskingFormatter(logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s %(message)s")))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def stdout_closed() -> int:
+    """The reader of stdout went away (``| head``): stop quietly. Python's documented
+    way: point stdout at /dev/null so the flush at exit does not fail again; exit 1."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 1
 
 
 @dataclass(frozen=True)
@@ -52,6 +110,8 @@ class Settings(KafkaSecurityConfig):
     lake: str | None = None
     group: str | None = None
     topic_prefix: str | None = None
+    # the API: the largest request body it reads (larger: 413)
+    max_body_bytes: int = 1 << 20
 
 
 def _print_json(obj: object) -> None:
@@ -159,18 +219,22 @@ def _top_risk(store: Any, limit: int) -> list[dict[str, Any]]:
 
 
 def cmd_score(args: argparse.Namespace, cfg: Settings) -> int:
+    from fleetcare.models import registry
     from fleetcare.models.scoring import score
     from fleetcare.pipeline import features
 
     store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.lake), sync=True)
     features.refresh(store)
-    score(store)
+    result = score(store)  # the fleet prior when the fleet has no model of its own
+    rec = registry.get(store, result.model_id)
     top = _top_risk(store, args.limit)
     store.close()
     if args.json:
-        _print_json({"top_risk": top})
+        _print_json({"top_risk": top, "model_id": rec.model_id, "origin": rec.origin})
     else:
         _print_top(top)
+        print(f"scored with {rec.model_id} ({rec.origin}"
+              f"{': ' + rec.current_reason if rec.current_reason else ''})")
     return 0
 
 
@@ -230,6 +294,11 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
         log.warning("serve.no_auth host=%s: the API accepts requests without a token", host)
     from fleetcare.api.commands.ingest import consumer_factory, resolve_source
 
+    listen = args.port if args.port is not None else cfg.port
+    if not 0 <= listen <= 65535:
+        args.serve_parser.error(f"port {listen} (the [cli] port setting, FLEETCARE_CLI_PORT) "
+                                "is not a port: use 1..65535")
+    _check_listen(host, listen)
     resolve_source(args.serve_parser, args, cfg)
     open_consumer = consumer_factory(args.serve_parser, args, cfg) if args.bus else None
     store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.bus or args.lake),
@@ -241,16 +310,32 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
                   score_every_s=parse_duration(args.score_every),
                   alerts=AlertEngine.from_config(store, load_config(args.config)),
                   drains=drains)
-    log.info("serve.started db=%s source=%s", store.path,
-             args.bus or (f"lake {args.lake}" if args.lake else "none (scoring only)"))
+    log.info("serve.started db=%s source=%s", store.path, mask_secrets(
+        args.bus or (f"lake {args.lake}" if args.lake else "none (scoring only)")))
     svc.start()
     try:
-        serve(store, host=host, port=args.port or cfg.port,
-              app=create_app(store, auth=not args.no_auth, drains=drains))
+        serve(store, host=host, port=listen,
+              app=create_app(store, auth=not args.no_auth, drains=drains,
+                             max_body_bytes=cfg.max_body_bytes))
     finally:
         svc.stop()
         store.close()
     return 0
+
+
+def _check_listen(host: str, port: int) -> None:
+    """Fail now, in one line, when ``host:port`` cannot be listened on (taken, no such
+    address), not later as a traceback from the server thread."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        with socket.socket(infos[0][0], socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(infos[0][4])
+    except OSError as exc:
+        raise CliError(f"cannot listen on {host}:{port} ({exc.strerror or exc}): pick another "
+                       "--port, or stop what holds it") from None
 
 
 def _drain_controller(store: Any, scheduler: str, execute: bool) -> Any:
@@ -284,7 +369,7 @@ def cmd_demo(args: argparse.Namespace, cfg: Settings) -> int:
 
 # -- argument parsing ---------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="fleetcare",
         description="Predictive maintenance for GPU fleets: learn from fleet-wide telemetry "
                     "which GPUs are about to fail, and drain their nodes before they crash "
@@ -338,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
     v = sub.add_parser("serve", help="serve the REST risk API (and ingest/score in-process)")
     v.add_argument("--db")
     v.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
-    v.add_argument("--port", type=int, default=None, help="port (default 8000)")
+    v.add_argument("--port", type=port, default=None, help="port (default 8000)")
     src = v.add_mutually_exclusive_group()
     src.add_argument("--bus", default=None,
                      help="ingest in this process from kafka://HOST:PORT[,HOST:PORT] (one "
@@ -380,7 +465,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="sample interval of the simulated history (default 5m, so the demo "
                         "fits in minutes on 2 cores; live telemetry streams at 60s)")
     d.add_argument("--host", default="127.0.0.1")
-    d.add_argument("--port", type=int, default=8000)
+    d.add_argument("--port", type=port, default=8000)
     d.add_argument("--speed", type=float, default=1.0,
                    help="simulated seconds per wall second while live (default 1; 60 = an "
                         "hour of fleet time per minute)")
@@ -415,32 +500,33 @@ def _plugins() -> dict[str, Any]:
     return found
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         cfg = load(Settings, section="cli", path=args.config)
     except ConfigError as exc:
-        print(f"fleetcare: {exc}", file=sys.stderr)
+        print(f"fleetcare: {mask_secrets(str(exc))}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=(args.log_level or cfg.log_level).upper(),
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    level = (args.log_level or cfg.log_level).lower()
+    if level not in LOG_LEVELS:
+        parser.error(f"--log-level {level!r} is not one of {', '.join(LOG_LEVELS)}")
+    setup_logging(level)
     try:
         if args.command in COMMANDS:
             return COMMANDS[args.command](args, cfg)
         return int(_plugins()[args.command].run(args, cfg))
-    except (CliError, ValueError) as exc:
-        print(f"fleetcare {args.command}: {exc}", file=sys.stderr)
-        return 1
-    except Exception as exc:
-        from fleetcare.pipeline.store import StoreError
-
-        if isinstance(exc, StoreError):  # the database is held by another process
-            print(f"fleetcare {args.command}: {exc}", file=sys.stderr)
-            return 1
-        raise
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        return stdout_closed()
+    except Exception as exc:
+        log.debug("fleetcare.failed command=%s", args.command, exc_info=True)
+        print(f"fleetcare {args.command}: {error_line(exc)}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

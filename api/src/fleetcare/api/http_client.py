@@ -13,6 +13,8 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from fleetcare.collectors.redact import mask_secrets
+
 TOKEN_ENV = "FLEETCARE_TOKEN"
 
 
@@ -62,8 +64,8 @@ def call(api: str, method: str, path: str, *, body: dict[str, Any] | None = None
         hint = (f" (an admin token: --token or {TOKEN_ENV}; `fleetcare tokens create "
                 "--scope admin` while the server is stopped)" if exc.code in (401, 403)
                 else "")
-        raise ApiCallError(f"{method} {url}: HTTP {exc.code}: {detail or exc.reason}{hint}"
-                           ) from None
+        raise ApiCallError(mask_secrets(f"{method} {url}: HTTP {exc.code}: "
+                                        f"{detail or exc.reason}{hint}")) from None
     except (urllib.error.URLError, OSError) as exc:
-        raise ApiCallError(f"cannot reach {api}: {getattr(exc, 'reason', exc)}; is "
-                           "`fleetcare serve` running there?") from None
+        raise ApiCallError(mask_secrets(f"cannot reach {api}: {getattr(exc, 'reason', exc)}; "
+                                        "is `fleetcare serve` running there?")) from None

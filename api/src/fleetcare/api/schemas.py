@@ -15,6 +15,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, field_validator
 
 from fleetcare.collectors.contract import CAUSES, GpuSample
+from fleetcare.pipeline.limits import Limits
 
 IsoTime = str
 """ISO-8601 UTC timestamp ending in 'Z', e.g. ``2026-01-31T12:00:00.250000Z``."""
@@ -154,7 +155,8 @@ class NodeLabelsOut(BaseModel):
 
 
 # -- incidents -------------------------------------------------------------------------------
-Name = Annotated[str, StringConstraints(min_length=1, max_length=256,
+_LIMITS = Limits()  # the string bounds ingest applies (fleetcare.pipeline.limits), one source
+Name = Annotated[str, StringConstraints(min_length=1, max_length=_LIMITS.max_name_len,
                                         pattern=r"^[^\x00-\x1f\x7f]+$")]
 # A cause is one of the contract's CAUSES (the one list of them): pydantic validates and
 # documents the Literal built from it at run time. mypy cannot evaluate a Literal built
@@ -172,7 +174,10 @@ class IncidentIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     ts: dt.datetime = Field(description="When it happened: ISO-8601 with a time zone "
-                            "('Z' or an offset), e.g. 2026-03-01T14:05:00Z.")
+                            "('Z' or an offset), e.g. 2026-03-01T14:05:00Z; at most "
+                            f"{_LIMITS.max_age_s / 86400:g} days before and "
+                            f"{_LIMITS.max_future_s:g} s after the server's clock, as ingest "
+                            "accepts (older history: `fleetcare incident import`).")
     node: Name
     kind: Literal["failure", "repair", "rma"] = Field(
         description="'failure' interrupts jobs; 'repair'/'rma' record the fix.")
@@ -181,7 +186,7 @@ class IncidentIn(BaseModel):
     mode: Name | None = Field(default=None,
                               description="hbm, thermal, nvlink, pcie, gsp, sram, none.")
     xid: int | None = Field(default=None, ge=0, le=65535)
-    note: Annotated[str, StringConstraints(max_length=4096)] | None = None
+    note: Annotated[str, StringConstraints(max_length=_LIMITS.max_text_len)] | None = None
     source: Name = Field(default="api", description="Who reports it (default 'api').")
 
     @field_validator("ts")

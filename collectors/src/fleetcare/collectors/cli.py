@@ -33,6 +33,7 @@ import msgspec
 from fleetcare.collectors.backend import BackendError, GpuBackend, Reading
 from fleetcare.collectors.config import ENV_PREFIX, ConfigError, describe, load
 from fleetcare.collectors.durations import parse_duration
+from fleetcare.collectors.redact import MaskingFormatter, mask_secrets
 from fleetcare.collectors.transport.factory import DEFAULT_SPOOL_DIR, bus_scheme, open_bus
 from fleetcare.collectors.transport.kafka import KafkaSecurityConfig
 from fleetcare.collectors.xid import DEFAULT_CATALOG, XidCatalog
@@ -256,9 +257,10 @@ class JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str, as_json: bool) -> None:
+    """stderr, plain or JSON lines; secrets in URLs masked (``redact.MaskingFormatter``)."""
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter(
-        "%(asctime)s %(levelname)s %(name)s %(message)s"))
+    handler.setFormatter(MaskingFormatter(JsonFormatter() if as_json else logging.Formatter(
+        "%(asctime)s %(levelname)s %(name)s %(message)s")))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
     logging.getLogger("kafka").setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -383,7 +385,7 @@ def run(s: Settings, *, as_json: bool = False) -> int:
     try:
         backends = open_backends(s, now)
     except (BackendError, OSError, ValueError) as exc:
-        print(f"fleetcare-agent: cannot open backend: {exc}", file=sys.stderr)
+        print(mask_secrets(f"fleetcare-agent: cannot open backend: {exc}"), file=sys.stderr)
         return 1
     bus: Any = None
     server = None
@@ -391,7 +393,8 @@ def run(s: Settings, *, as_json: bool = False) -> int:
         try:
             bus = open_bus(cfg.bus, spool_dir=cfg.spool_dir, **bus_options(cfg))
         except (OSError, ValueError, ImportError) as exc:
-            print(f"fleetcare-agent: cannot open bus {cfg.bus}: {exc}", file=sys.stderr)
+            print(mask_secrets(f"fleetcare-agent: cannot open bus {cfg.bus}: {exc}"),
+                  file=sys.stderr)
             return 1
         agent = Agent(backends, bus, node=s.node, interval_s=s.interval_s)
         if cfg.metrics_port:
@@ -410,7 +413,8 @@ def run(s: Settings, *, as_json: bool = False) -> int:
 
         previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         log.info("agent.started node=%s backends=%s bus=%s interval_s=%g duration_s=%s",
-                 s.node, ",".join(s.backends), cfg.bus, s.interval_s, s.duration_s)
+                 s.node, ",".join(s.backends), mask_secrets(cfg.bus), s.interval_s,
+                 s.duration_s)
         try:
             agent.run(duration_s=s.duration_s)  # flushes the bus on the way out
         finally:
@@ -437,6 +441,26 @@ def run(s: Settings, *, as_json: bool = False) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The agent (or a parse subcommand); an error nobody foresaw is one line, not a
+    traceback, and a reader that closes stdout early (``| head``) ends it quietly."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)  # the flush at exit must not fail again
+        os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except Exception as exc:
+        log.debug("agent.failed", exc_info=True)
+        text = " ".join(str(exc).split())
+        print(mask_secrets(f"fleetcare-agent: unexpected error ({type(exc).__name__}: {text}); "
+                           "rerun with --log-level debug for the traceback, and report it"),
+              file=sys.stderr)
+        return 1
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "parse-kmsg":
         from fleetcare.collectors.kernel_log import main_parse_kmsg
@@ -452,7 +476,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings = resolve(args)
     except UsageError as exc:
         parser.print_usage(sys.stderr)
-        print(f"fleetcare-agent: error: {exc}", file=sys.stderr)
+        print(mask_secrets(f"fleetcare-agent: error: {exc}"), file=sys.stderr)
         return 2
     if args.print_config:
         shown = describe(settings.config)

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar, get_type_hints
 
+from fleetcare.collectors.redact import mask_secrets
+
 T = TypeVar("T")
 ENV_PREFIX = "FLEETCARE_"
 CONFIG_ENV = "FLEETCARE_CONFIG"
@@ -107,10 +109,15 @@ def load(cls: type[T], *, section: str, path: str | Path | None = None,
 
 
 def describe(cfg: object) -> dict[str, object]:
-    """The config as a dict for printing, with secrets masked."""
+    """The config as a dict for printing, with secrets masked: keys named like a secret
+    entirely, and the credentials of URLs in any string (``redact.mask_secrets``)."""
     out: dict[str, object] = {}
     for f in dataclasses.fields(cfg):  # type: ignore[arg-type]
         value = getattr(cfg, f.name)
         secret = any(w in f.name.lower() for w in _SECRET_WORDS)
-        out[f.name] = "********" if secret and value else value
+        if secret and value:
+            value = "********"
+        elif isinstance(value, str):
+            value = mask_secrets(value)
+        out[f.name] = value
     return out

@@ -10,8 +10,17 @@ DuckDB DDL and Arrow schema from these structs, the API its JSON models.
 - ``Batch``      the per-node envelope that travels on the bus, with ``schema_version``.
 
 Wire formats: JSON and msgpack (``encode_batch`` / ``decode_batch``). Decoders accept
-older schema versions and ignore unknown fields; garbage is rejected with a
-``DecodeError`` that says what was wrong.
+older schema versions and ignore unknown fields; garbage (also a value nested deeper than
+the decoder's recursion limit) is rejected with a ``DecodeError`` that says what was wrong.
+
+Numbers: integers are signed 64-bit downstream (DuckDB ``BIGINT``, Arrow ``int64``:
+counter deltas are differences, and Parquet and Arrow agree on it). NVML and DCGM counters
+are unsigned 64-bit, but no GPU counts to 2**63: the values up there are sentinels —
+DCGM's blanks start at ``DCGM_INT64_BLANK`` (2**63 - 16) and NVML's "not available" is
+2**64 - 1. So an integer ``>= DCGM_INT64_BLANK``, or a float ``>= DCGM_FP64_BLANK``, is
+never a measurement: producers send ``None`` instead, and ingest quarantines such a record
+(``sentinel_value``) rather than store a sentinel as a count. Every integer below is
+stored exactly.
 
 Exceptions::
 
@@ -29,6 +38,14 @@ import msgspec
 
 SCHEMA_VERSION = 1
 """Bump when a field is added; decoders accept every version <= this one."""
+
+DCGM_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+"""DCGM's integer "blank" (+1 not found, +2 not supported, +3 no permission; DCGM's own
+``DCGM_INT64_IS_BLANK`` is ``value >= DCGM_INT64_BLANK``): no integer of a record reaches it."""
+DCGM_FP64_BLANK = 140737488355328.0
+"""DCGM's float "blank" (2**47; +1.0, +2.0, +3.0 as for integers): no float reaches it."""
+DCGM_INT32_BLANK = 0x7FFFFFF0
+"""DCGM's 32-bit "blank" (a field DCGM keeps as int32, converted by dcgm-exporter)."""
 
 WireFormat = Literal["json", "msgpack"]
 XidSource = Literal["nvml", "kernel-log", "dcgm", "sim"]
@@ -222,6 +239,8 @@ def decode_batch(raw: bytes, fmt: WireFormat | None = None) -> Batch:
     )
     try:  # one pass for a good batch; the version alone only to say why one is not
         batch = dec.decode(raw)
+    except RecursionError:
+        raise DecodeError(f"invalid batch ({fmt}): {TOO_DEEP}", raw) from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         _check_version(ver, raw, fmt)
         raise DecodeError(f"invalid batch ({fmt}): {exc}", raw) from exc
@@ -229,9 +248,15 @@ def decode_batch(raw: bytes, fmt: WireFormat | None = None) -> Batch:
     return batch
 
 
+TOO_DEEP = ("a value is nested deeper than the decoder allows (its recursion limit): no "
+            "fleetcare record nests more than three levels")
+
+
 def _check_version(ver: Any, raw: bytes, fmt: str) -> None:
     try:
         version = ver.decode(raw).schema_version
+    except RecursionError:
+        raise DecodeError(f"not a fleetcare batch ({fmt}): {TOO_DEEP}", raw) from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise DecodeError(f"not a fleetcare batch ({fmt}): {exc}", raw) from exc
     _check_version_number(version, raw)
@@ -242,6 +267,25 @@ def _check_version_number(version: int, raw: bytes) -> None:
         raise SchemaVersionError(version, raw)
     if version < 1:
         raise DecodeError(f"schema_version {version} is not a valid version (>= 1)", raw)
+
+
+def null_sentinels(sample: GpuSample) -> GpuSample:
+    """``sample`` with every "no value" sentinel made ``None``: an integer from
+    ``DCGM_INT64_BLANK`` up (DCGM's blanks, NVML's 2**64-1), a float from ``DCGM_FP64_BLANK``
+    up, and an integer list holding one (a list cannot hold a null, and a made-up entry would
+    read as a count). Backends apply it to what they read; ingest refuses a sentinel that
+    another producer sends."""
+    changes: dict[str, Any] = {}
+    for f, value in zip(msgspec.structs.fields(sample), msgspec.structs.astuple(sample),
+                        strict=True):
+        if value is None or isinstance(value, bool | str | dt.datetime):
+            continue
+        if isinstance(value, list):
+            if value and not isinstance(value[0], bool) and max(value) >= DCGM_INT64_BLANK:
+                changes[f.name] = None
+        elif value >= (DCGM_INT64_BLANK if isinstance(value, int) else DCGM_FP64_BLANK):
+            changes[f.name] = None
+    return msgspec.structs.replace(sample, **changes) if changes else sample
 
 
 def sample_fields() -> tuple[msgspec.structs.FieldInfo, ...]:

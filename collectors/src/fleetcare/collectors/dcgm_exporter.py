@@ -37,7 +37,13 @@ from typing import Any
 import msgspec
 
 from fleetcare.collectors.backend import BackendError, Reading
-from fleetcare.collectors.contract import GpuSample, XidEvent
+from fleetcare.collectors.contract import (
+    DCGM_FP64_BLANK,
+    DCGM_INT32_BLANK,
+    GpuSample,
+    XidEvent,
+)
+from fleetcare.collectors.redact import mask_secrets
 
 log = logging.getLogger(__name__)
 
@@ -202,16 +208,21 @@ NVLINK_MAP: dict[str, str] = {
 _NVLINK_LANE = re.compile(r"^(DCGM_FI_DEV_NVLINK_[A-Z_]+_COUNT)_L(\d+)$")
 XID_SERIES = "DCGM_FI_DEV_XID_ERRORS"
 
-DCGM_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
-DCGM_FP64_BLANK = 140737488355328.0
-_INT32_BLANK = 0x7FFFFFF0
-
-
 def is_blank(value: float) -> bool:
-    """True for DCGM's blank / not-found / not-supported / permission sentinels and NaN."""
+    """True for DCGM's "no value" sentinels (dcgm_structs.h: ``*_BLANK``, +1 ``NOT_FOUND``,
+    +2 ``NOT_SUPPORTED``, +3 ``NOT_PERMISSIONED``), and for NaN / infinities. DCGM's own test
+    is ``value >= BLANK``: every int64 from ``DCGM_INT64_BLANK`` (9223372036854775792; a
+    scrape prints 9223372036854775794 for "not supported") and every float from
+    ``DCGM_FP64_BLANK`` (2**47) up; a 32-bit field's blanks are 2147483632..2147483647."""
     if math.isnan(value) or math.isinf(value):
         return True
-    return value >= DCGM_FP64_BLANK or (_INT32_BLANK <= value <= 0x7FFFFFFF)
+    return value >= DCGM_FP64_BLANK or (DCGM_INT32_BLANK <= value <= 0x7FFFFFFF)
+
+
+def _label(value: str) -> str:
+    """A label value, "" for DCGM's string sentinels (``<<<NULL>>>``, ``<<<NOT_FOUND>>>``,
+    ``<<<NOT_SUPPORTED>>>``, ``<<<NOT_PERM>>>``: DCGM_STR_IS_BLANK)."""
+    return "" if value.startswith("<<<") and ">>>" in value else value
 
 
 @dataclass
@@ -222,7 +233,7 @@ class _Gpu:
     model: str
     host: str | None
     fields: dict[str, tuple[bool, Any]]  # name -> (from a non-MIG series, value)
-    links: dict[str, dict[int, int]]
+    links: dict[str, dict[int, int | None]]  # None: that link's value was a blank
     xid: int | None = None
 
 
@@ -246,17 +257,21 @@ class SeriesMeaning:
 
 def meaning(name: str, labels: Mapping[str, str]) -> SeriesMeaning | None:
     """The meaning of series ``name{labels}``; None for a series fleetcare does not map
-    or one without a GPU UUID."""
-    key = labels.get("UUID") or labels.get("gpu_uuid") or None
+    or one without a GPU UUID. Metric names are matched case-insensitively (a relabelling
+    pipeline may lower-case them: ``dcgm_fi_dev_gpu_temp``)."""
+    key = _label(labels.get("UUID") or labels.get("gpu_uuid") or "") or None
     if key is None:
         return None
+    if name.startswith("dcgm_"):
+        name = name.upper()
     try:
         index = int(labels.get("gpu", "-1"))
     except ValueError:
         index = -1
-    base = SeriesMeaning(key=key, index=index, pci=labels.get("pci_bus_id", ""),
-                         model=labels.get("modelName") or labels.get("model_name", ""),
-                         host=labels.get("Hostname") or labels.get("hostname"), kind="none")
+    base = SeriesMeaning(key=key, index=index, pci=_label(labels.get("pci_bus_id", "")),
+                         model=_label(labels.get("modelName") or labels.get("model_name", "")),
+                         host=_label(labels.get("Hostname") or labels.get("hostname") or "")
+                         or None, kind="none")
     if name == XID_SERIES:
         return replace(base, kind="xid")
     mapped = FIELD_MAP.get(name)
@@ -266,7 +281,7 @@ def meaning(name: str, labels: Mapping[str, str]) -> SeriesMeaning | None:
     lane = _NVLINK_LANE.match(name)
     stem, link = (lane.group(1), int(lane.group(2))) if lane else (name, None)
     if stem in NVLINK_MAP:
-        if link is None and "nvlink" in labels:
+        if link is None and labels.get("nvlink", "").isdigit():
             link = int(labels["nvlink"])
         if link is not None:
             return replace(base, kind="link", fname=NVLINK_MAP[stem], link=link)
@@ -284,6 +299,8 @@ def gpu_samples(points: Iterable[tuple[SeriesMeaning, float]], *, ts: dt.datetim
             g = gpus[m.key] = _Gpu(uuid=m.key, index=m.index, pci=m.pci, model=m.model,
                                    host=m.host, fields={}, links={})
         if is_blank(value):
+            if m.kind == "link":  # one link not reported: the list would invent a 0
+                g.links.setdefault(m.fname, {})[m.link] = None
             continue
         if m.kind == "field":
             assert m.conv is not None
@@ -302,13 +319,26 @@ def gpu_samples(points: Iterable[tuple[SeriesMeaning, float]], *, ts: dt.datetim
     for g in gpus.values():
         kw: dict[str, Any] = {k: v for k, (_, v) in g.fields.items()}
         for fname, per_link in g.links.items():
-            kw[fname] = [per_link.get(i, 0) for i in range(max(per_link) + 1)]
+            if None not in per_link.values():
+                kw[fname] = [per_link.get(i, 0) for i in range(max(per_link) + 1)]
         samples.append(GpuSample(ts=ts, node=node or g.host or default_node, gpu_uuid=g.uuid,
                                  gpu_index=g.index, pci_bus_id=g.pci, model=g.model, **kw))
         if g.xid is not None:
             xids[g.uuid] = g.xid
     samples.sort(key=lambda s: (s.gpu_index, s.gpu_uuid))
     return samples, xids
+
+
+def mapped_series(series: Iterable[Series]) -> int:
+    """How many series fleetcare maps to a field, a link counter or the XID (0: not a
+    dcgm-exporter page, or its names were renamed beyond lower-casing)."""
+    return sum(1 for s in series
+               if (m := meaning(s.name, s.labels)) is not None and m.kind != "none")
+
+
+NO_KNOWN_FIELD = ("no DCGM field fleetcare maps among {n} series (e.g. DCGM_FI_DEV_GPU_TEMP "
+                  "with a UUID label; names are matched case-insensitively): is this a "
+                  "dcgm-exporter /metrics page, and are the metrics renamed?")
 
 
 def samples_from_series(series: Iterable[Series], *, ts: dt.datetime,
@@ -346,19 +376,26 @@ class DcgmExporterBackend:
         self._fetch = fetch
         self._timeout = timeout_s
         self._last_xid: dict[str, int] = {}
+        self._warned = False
 
     def poll(self, now: dt.datetime) -> Reading:
         try:
             raw = self._fetch(self.url, self._timeout)
         except (urllib.error.URLError, OSError, TimeoutError) as exc:
-            raise BackendError(self.name, f"cannot scrape {self.url}: {exc}; check that "
+            raise BackendError(self.name, f"cannot scrape {mask_secrets(self.url)}: "
+                               f"{mask_secrets(str(exc))}; check that "
                                "dcgm-exporter runs and listens there (default port 9400, "
                                "path /metrics)") from exc
         try:
             series = parse_exposition(raw.decode("utf-8", "replace"))
         except ExpositionError as exc:
-            raise BackendError(self.name, f"{self.url} did not return Prometheus text "
+            raise BackendError(self.name, f"{mask_secrets(self.url)} did not return "
+                               "Prometheus text "
                                f"format ({exc}); point the URL at dcgm-exporter's /metrics") from exc
+        if series and not self._warned and mapped_series(series) == 0:
+            self._warned = True  # once: the page will not change by itself
+            log.warning("dcgm.no_known_fields url=%s %s", mask_secrets(self.url),
+                        NO_KNOWN_FIELD.format(n=len(series)))
         samples, xids = samples_from_series(series, ts=now, node=self.node)
         by_uuid = {s.gpu_uuid: s for s in samples}
         events: list[XidEvent] = []
@@ -400,6 +437,10 @@ def main_parse_dcgm(argv: list[str] | None = None) -> int:
         series = parse_exposition(text)
     except ExpositionError as exc:
         print(f"parse-dcgm: {args.file}: not Prometheus text format: {exc}", file=sys.stderr)
+        return 1
+    if series and mapped_series(series) == 0:
+        print(f"parse-dcgm: {args.file}: {NO_KNOWN_FIELD.format(n=len(series))}",
+              file=sys.stderr)
         return 1
     samples, _ = samples_from_series(series, ts=dt.datetime.now(dt.UTC),
                                      default_node=args.node)

@@ -21,6 +21,8 @@ is left out of later batches. The NVLink link count comes from
 ``NVML_FI_DEV_NVLINK_LINK_COUNT`` at discovery. NVLink CRC flit and CRC data counters
 exist separately only through ``nvmlDeviceGetNvLinkErrorCounter``, so links are read
 per link. ``pci_bus_id`` values are normalised to the sysfs form ``0000:3b:00.0``.
+NVML's counters are unsigned 64-bit: a value no count reaches (2**64-1 is "not
+available") is made null (``contract.null_sentinels``), never sent as a count.
 
 Exceptions: only ``BackendError`` (pynvml missing, nvmlInit failed).
 """
@@ -39,7 +41,7 @@ from types import ModuleType
 from typing import Any
 
 from fleetcare.collectors.backend import BackendError, Reading
-from fleetcare.collectors.contract import GpuSample, Incident, XidEvent, utc
+from fleetcare.collectors.contract import GpuSample, Incident, XidEvent, null_sentinels, utc
 
 log = logging.getLogger(__name__)
 
@@ -427,7 +429,7 @@ class NvmlBackend:
         mem = call(gpu, "nvmlDeviceGetMemoryInfo")
         temp = call(gpu, "nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU)
         links = self._nvlinks(gpu)
-        return GpuSample(
+        return null_sentinels(GpuSample(
             ts=now,
             node=self.node,
             gpu_uuid=gpu.uuid,
@@ -466,7 +468,7 @@ class NvmlBackend:
             nvlink_replay=links["replay"],
             nvlink_recovery=links["recovery"],
             clock_event_reasons=reasons,
-        )
+        ))
 
     def _nvlinks(self, gpu: _Gpu) -> dict[str, list[Any] | None]:
         """Per-link lists; a list is None when the GPU has no NVLink or any link's

@@ -245,7 +245,8 @@ class FailureModel:
             raise FitError(
                 f"cannot fit a failure model on {len(yv)} rows with {n_pos} positives: the "
                 "training period needs both failures and healthy rows; train on a longer "
-                "range or a larger fleet.", n_pos=n_pos, n_rows=len(yv))
+                "range or a larger fleet, or record the failures it had (`fleetcare "
+                "incident add`).", n_pos=n_pos, n_rows=len(yv))
         spw = self.scale_pos_weight
         if spw is None:
             spw = min((len(yv) - n_pos) / n_pos, self.max_pos_weight)

@@ -65,7 +65,8 @@ class RegistryError(Exception):
 
 class ModelNotFoundError(RegistryError, KeyError):
     def __init__(self, model_id: str) -> None:
-        super().__init__(f"no model {model_id!r} in the registry; list them with list_models()")
+        super().__init__(f"no model {model_id!r} in the registry; list them with "
+                         "`fleetcare models list --db PATH`")
         self.model_id = model_id
 
     def __str__(self) -> str:

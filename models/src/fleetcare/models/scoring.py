@@ -192,8 +192,9 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
         rec = prior.ensure_current(store)  # a fleet with no model scores with the prior
         if rec is None:
             raise ScoreError("no model to score with, and this installation ships no fleet "
-                             "prior: train one (`fleetcare train`) or promote one "
-                             "(`fleetcare models promote ID`)")
+                             "prior: train one with `fleetcare train --db PATH`, or make a "
+                             "registered one current with `fleetcare models promote MODEL_ID "
+                             "--db PATH` (see `fleetcare models list`)")
         model = rec.model_id
     m = _model(store, model)
     if features is None:

@@ -345,7 +345,9 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
 def _telemetry_range(store: Store) -> tuple[dt.datetime, dt.datetime]:
     lo, hi = store.raw.bounds(store.cursor())
     if lo is None:
-        raise TrainError("the store has no telemetry to train on: ingest some first")
+        raise TrainError("the database has no telemetry to train on: ingest some first "
+                         "(`fleetcare ingest`, `fleetcare serve --bus`, `fleetcare backfill`) "
+                         "or simulate a fleet (`fleetcare simulate --db PATH`)")
     return lo.replace(tzinfo=dt.UTC), hi.replace(tzinfo=dt.UTC)
 
 
@@ -369,8 +371,10 @@ def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
     start = start or lo + WARMUP
     end = end or hi
     if end <= start:
-        raise TrainError(f"nothing to train on between {start} and {end}: the store holds "
-                         f"telemetry from {lo} to {hi}, and the first {WARMUP} are warm-up")
+        raise TrainError(f"nothing to train on between {start} and {end}: the database "
+                         f"holds telemetry from {lo} to {hi}, and the first {WARMUP} are "
+                         "warm-up (features need that much history): train once it holds "
+                         "more")
     say(f"features {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} every {every_s}s")
     feats = features.gpu_features(store, start, end, every_s=every_s)
     say(f"labels for {feats.num_rows} rows, horizon {horizon_h} h")

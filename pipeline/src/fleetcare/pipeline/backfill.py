@@ -53,6 +53,7 @@ from fleetcare.collectors.dcgm_exporter import (
     meaning,
     urllib_fetch,
 )
+from fleetcare.collectors.redact import mask_secrets
 from fleetcare.pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,10 @@ Progress = Callable[[int, int], None]
 
 
 class BackfillError(ValueError):
+    """``url`` is the URL as given; the message masks its credentials (it is printed)."""
+
     def __init__(self, url: str, message: str) -> None:
-        super().__init__(message)
+        super().__init__(mask_secrets(message))
         self.url = url
 
 
@@ -163,7 +166,8 @@ class PrometheusClient:
         if doc.get("status") != "success":
             raise self._api_error(200, raw, query)
         for w in doc.get("warnings") or ():
-            log.warning("backfill.prometheus_warning url=%s warning=%s", self.url, w)
+            log.warning("backfill.prometheus_warning url=%s warning=%s",
+                        mask_secrets(self.url), w)
         data = doc.get("data") or {}
         if data.get("resultType") != "matrix":
             raise BackfillError(self.url, f"{self.url} answered a range query with resultType "
@@ -286,7 +290,7 @@ def backfill(store: Store, url: str, start: dt.datetime, end: dt.datetime, *,
     if done and done_from and not restart:
         done_until, covered_from = _parse_meta(done), _parse_meta(done_from)
         if covered_from <= a + step_s and a < done_until:
-            log.info("backfill.resume url=%s from=%s", client.url, done)
+            log.info("backfill.resume url=%s from=%s", mask_secrets(client.url), done)
             a, resumed = done_until, True
     if not resumed:
         store.set_meta(from_key, _iso(_grid(a, step_s)))
@@ -304,13 +308,15 @@ def backfill(store: Store, url: str, start: dt.datetime, end: dt.datetime, *,
         new = store.insert_sample_records(rows)
         added += new
         store.set_meta(key, _iso(c1 + step_s))
-        log.debug("backfill.chunk url=%s start=%s rows=%d added=%d", client.url, _num(c0),
+        log.debug("backfill.chunk url=%s start=%s rows=%d added=%d", mask_secrets(client.url),
+                  _num(c0),
                   len(rows), new)
         if progress:
             progress(i + 1, len(plan))
     first = plan[0][0] if plan else a
     last = plan[-1][1] if plan else min(a, b)
-    log.info("backfill.done url=%s chunks=%d samples=%d added=%d", client.url, len(plan),
+    log.info("backfill.done url=%s chunks=%d samples=%d added=%d", mask_secrets(client.url),
+             len(plan),
              n_samples, added)
     return BackfillResult(url=client.url, start=dt.datetime.fromtimestamp(first, dt.UTC),
                           end=dt.datetime.fromtimestamp(last, dt.UTC), chunks=len(plan),

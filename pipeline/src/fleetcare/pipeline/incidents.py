@@ -53,6 +53,7 @@ from typing import Any
 
 from fleetcare.collectors.contract import CAUSES, Incident, utc
 from fleetcare.collectors.xid import DEFAULT_CATALOG, XidCatalog
+from fleetcare.pipeline.limits import Limits
 from fleetcare.pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -236,8 +237,15 @@ def parse_time(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
 
 def validate(*, ts: dt.datetime, node: str, kind: str, cause: str, source: str,
              gpu_uuid: str | None = None, mode: str | None = None,
-             note: str | None = None) -> Incident:
-    """An ``Incident`` from operator input, or ``IncidentError`` saying what to fix."""
+             note: str | None = None, now: float | None = None,
+             limits: Limits | None = None) -> Incident:
+    """An ``Incident`` from operator input, or ``IncidentError`` saying what to fix.
+
+    ``now`` (Unix seconds): also check ``ts`` against ingest's time bounds
+    (``Limits.max_future_s`` ahead, ``Limits.max_age_s`` old), as ``POST /v1/incidents``
+    does: what ingest would refuse is not accepted through the API either."""
+    if now is not None:
+        _check_time(utc(ts), now, limits or Limits())
     if not node or not node.strip():
         raise IncidentError("node", node, "node is empty: name the node, e.g. gpu-node-017")
     if kind not in KINDS:
@@ -248,6 +256,19 @@ def validate(*, ts: dt.datetime, node: str, kind: str, cause: str, source: str,
     return Incident(ts=utc(ts), node=node.strip(), kind=kind, cause=cause,  # type: ignore[arg-type]
                     source=source, gpu_uuid=gpu_uuid or None, mode=mode or None,
                     note=note or None)
+
+
+def _check_time(ts: dt.datetime, now: float, limits: Limits) -> None:
+    age = now - ts.timestamp()
+    if -age > limits.max_future_s:
+        raise IncidentError("ts", ts.isoformat(), f"ts {ts.isoformat()} is {-age:,.0f} s ahead "
+                            f"of the server's clock; at most {limits.max_future_s:,.0f} s ahead "
+                            "is accepted (as ingest accepts): check the reporter's clock (NTP)")
+    if age > limits.max_age_s:
+        raise IncidentError("ts", ts.isoformat(), f"ts {ts.isoformat()} is {age / 86400:,.0f} "
+                            f"days old; at most {limits.max_age_s / 86400:g} days old is "
+                            "accepted (as ingest accepts): record older history with "
+                            "`fleetcare incident import`")
 
 
 def list_incidents(store: Store, *, node: str | None = None, kind: str | None = None,

@@ -3,22 +3,50 @@
 Order of work per poll: decode and validate every record (``validate.Validator``: garbage
 and absurd values → ``quarantine`` with a reason code, the reason and the raw bytes;
 one bad record costs only itself, never its batch; never a crash and never a silent
-drop), insert the good rows in bulk
-(idempotent by natural key), and only then commit the consumer's position. A crash
+drop), insert the good rows in bulk (idempotent by natural key), quarantine the
+rejections in one statement, and only then commit the consumer's position. A crash
 between insert and commit redelivers records that the natural keys then ignore.
+
+No record can stop a poll. What nobody foresaw is isolated to the record that caused it:
+
+- a validator that raises: the poll's records are validated again one by one, and the
+  record whose validation raises is quarantined as ``unexpected_error``;
+- a batch the sink refuses with a *data* error (``DATA_ERRORS``: a value Arrow or DuckDB
+  cannot hold): the kept batches are inserted again one by one, and the batch that fails
+  is quarantined whole as ``unstorable`` (with its message's bytes).
+
+An *operational* failure (the database or the disk, any other exception) is not a
+record's fault: it propagates, nothing is committed, and the records come again.
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fleetcare.collectors.transport import BusConsumer
+import duckdb
+import pyarrow as pa
+
+from fleetcare.collectors.transport import BusConsumer, Record
+from fleetcare.pipeline.record_checks import clip
 from fleetcare.pipeline.store import Store
-from fleetcare.pipeline.validate import RecordValidator, Validator
+from fleetcare.pipeline.validate import (
+    Kept,
+    RecordValidator,
+    Rejection,
+    ValidationResult,
+    Validator,
+    unexpected,
+)
 
 log = logging.getLogger(__name__)
+
+DATA_ERRORS: tuple[type[BaseException], ...] = (
+    OverflowError, TypeError, ValueError, pa.ArrowException, duckdb.DataError)
+"""What converting or inserting rows raises for a value it cannot hold (a record's fault);
+``pa.ArrowInvalid`` is a ValueError. Anything else is operational."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,12 +75,11 @@ class Ingestor:
         records = self.consumer.poll(timeout_s, self.max_records)
         if not records:
             return IngestResult(0, 0, 0, 0, 0)
-        checked = self.validator.validate(records)
-        for rej in checked.rejections:
-            self.store.quarantine(rej.source, rej.reason, rej.raw, code=rej.code)
-        bad = len(checked.rejections)
-        samples, events, incidents = self.store.insert_batches(checked.batches)
+        checked = self._validate(records)
+        samples, events, incidents = self._land(checked)
+        self._quarantine(checked.rejections)
         self.consumer.commit()
+        bad = len(checked.rejections)
         result = IngestResult(len(records), samples, events, incidents, bad)
         self.counters.update(records=result.records, samples=samples, events=events,
                              incidents=incidents, quarantined=bad)
@@ -69,3 +96,49 @@ class Ingestor:
                 return IngestResult(*totals)
             for i, v in enumerate((r.records, r.samples, r.events, r.incidents, r.quarantined)):
                 totals[i] += v
+
+    # -- steps -------------------------------------------------------------------------------
+    def _validate(self, records: Sequence[Record]) -> ValidationResult:
+        try:
+            return self.validator.validate(records)
+        except Exception:
+            log.exception("ingest.validator_failed records=%d: validating them one by one",
+                          len(records))
+        result = ValidationResult()
+        for rec in records:
+            try:
+                result.extend(self.validator.validate([rec]))
+            except Exception as exc:
+                result.rejections.append(unexpected(rec, exc))
+        return result
+
+    def _land(self, checked: ValidationResult) -> tuple[int, int, int]:
+        """Insert the kept batches; one the sink refuses with a data error is moved to
+        ``checked.rejections`` as ``unstorable``."""
+        if not checked.kept:
+            return 0, 0, 0
+        try:
+            return self.store.insert_batches(checked.batches)
+        except DATA_ERRORS as exc:
+            log.warning("ingest.insert_refused batches=%d error=%s: inserting them one by one",
+                        len(checked.kept), clip(str(exc)))
+        totals = [0, 0, 0]
+        landed: list[Kept] = []
+        for kept in checked.kept:
+            try:
+                counts = self.store.insert_batches([kept.batch])
+            except DATA_ERRORS as exc:
+                checked.rejections.append(Rejection(
+                    "unstorable", f"the store refused this batch's rows "
+                    f"({type(exc).__name__}: {clip(str(exc))}): a value the checks let "
+                    "through; report it to the fleetcare developers with these bytes",
+                    kept.source, kept.raw))
+                continue
+            landed.append(kept)
+            totals = [t + c for t, c in zip(totals, counts, strict=True)]
+        checked.kept = landed
+        return totals[0], totals[1], totals[2]
+
+    def _quarantine(self, rejections: Sequence[Rejection]) -> None:
+        if rejections:
+            self.store.quarantine_many(rejections)

@@ -35,9 +35,10 @@ import os
 import re
 import secrets
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -134,13 +135,12 @@ class LakeWriter:
     def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
         """Buffer decoded batches; returns rows accepted (samples, events, incidents)."""
         samples, events, incidents = flatten_batches(batches)
-        counts = []
-        for name, records in (("telemetry", samples), ("xid_events", events),
-                              ("incidents", incidents)):
-            if records:
-                self._buffer[name].append(records_to_arrow(records, TABLES[name].schema))
-            counts.append(len(records))
-        return counts[0], counts[1], counts[2]
+        converted = [(name, records_to_arrow(records, TABLES[name].schema))
+                     for name, records in (("telemetry", samples), ("xid_events", events),
+                                           ("incidents", incidents)) if records]
+        for name, table in converted:  # all converted first: a bad value buffers nothing
+            self._buffer[name].append(table)
+        return len(samples), len(events), len(incidents)
 
     def quarantine(self, source: str, reason: str, raw: bytes, *,
                    received_at: dt.datetime | None = None, code: str | None = None) -> None:
@@ -150,6 +150,17 @@ class LakeWriter:
         self._quarantined.append((when, source, reason, raw, code))
         log.warning("ingest.quarantined source=%s code=%s reason=%s bytes=%d",
                     source, code, reason, len(raw))
+
+    def quarantine_many(self, rows: Sequence[Any], *,
+                        received_at: dt.datetime | None = None) -> int:
+        """Buffer many rejections (``Store.quarantine_many``'s signature); returns them."""
+        when = received_at or dt.datetime.now(dt.UTC)
+        when = when.astimezone(dt.UTC).replace(tzinfo=None) if when.tzinfo else when
+        self._quarantined.extend((when, r.source, r.reason, r.raw, r.code) for r in rows)
+        if rows:
+            log.warning("ingest.quarantined records=%d first=%s code=%s", len(rows),
+                        rows[0].source, rows[0].code)
+        return len(rows)
 
     # -- durability -------------------------------------------------------------------------
     @property

@@ -38,7 +38,7 @@ import duckdb
 
 from fleetcare.collectors.contract import GpuSample
 from fleetcare.pipeline import lake, schema
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import Quarantined, Store
 from fleetcare.pipeline.telemetry import Cursor, gpu_filter, naive_utc, sql_ts
 
 log = logging.getLogger(__name__)
@@ -162,11 +162,9 @@ class LakeTelemetry:
             "union_by_name = true)").to_arrow_table()
         data = data.cast(t.schema) if data.schema != t.schema else data
         if table == "quarantine":
-            added = 0
-            for r in data.to_pylist():
-                added += store.quarantine(r["source"], r["reason"], r["raw"],
-                                          received_at=r["received_at"], code=r["code"])
-            return added
+            return store.quarantine_many([
+                Quarantined(r["source"], r["reason"], r["raw"], r["code"], r["received_at"])
+                for r in data.to_pylist()])
         return store.insert_table(table, data)
 
     def _update_latest(self, store: Store, files: list[Path]) -> None:

@@ -7,7 +7,8 @@ which DuckDB's zone maps prune cheaply.
 
 Exceptions::
 
-    StoreError            (.path)  the database cannot be opened (locked, not DuckDB)
+    StoreError            (.path)  the database cannot be opened (held by another
+                                   process, not a DuckDB file, no permission)
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +43,33 @@ class StoreError(Exception):
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}")
         self.path = path
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantined:
+    """One row for ``Store.quarantine_many`` (``validate.Rejection`` has the same fields)."""
+
+    source: str
+    reason: str
+    raw: bytes
+    code: str | None = None
+    received_at: dt.datetime | None = None
+
+
+def open_error_hint(path: str, exc: BaseException) -> str:
+    """Why DuckDB could not open ``path``, and the fix, in one sentence."""
+    text = " ".join(str(exc).split())
+    if "not a valid DuckDB database file" in text:
+        return ("is not a DuckDB database (it exists, but holds something else): point --db "
+                "at a fleetcare database, or at a new path to create one")
+    if "lock" in text.lower():
+        return (f"cannot open the database: another process holds it ({text}). DuckDB allows "
+                "one writing process per file: stop the other fleetcare process, or go "
+                "through its API; to ingest while serving, let the service ingest "
+                "(`fleetcare serve --bus`) or scale out with `fleetcare ingest --lake` "
+                "workers and `fleetcare serve --lake`.")
+    return (f"cannot open the database ({text}): check that the path is a readable and "
+            "writable DuckDB file, or a new path in a writable folder")
 
 
 def one_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
@@ -120,14 +150,8 @@ class Store:
         self.raw: RawTelemetry = raw if raw is not None else TableTelemetry()
         try:
             self.con = duckdb.connect(self.path, read_only=read_only)
-        except duckdb.IOException as exc:
-            raise StoreError(
-                self.path,
-                f"cannot open the database ({exc}). DuckDB allows one writing process per "
-                "file: stop the other fleetcare process, or go through its API; to ingest "
-                "while serving, let the service ingest (`fleetcare serve --bus`) or scale "
-                "out with `fleetcare ingest --lake` workers and `fleetcare serve --lake`.",
-            ) from exc
+        except (duckdb.IOException, duckdb.InvalidInputException) as exc:
+            raise StoreError(self.path, open_error_hint(self.path, exc)) from None
         self._lock = threading.RLock()
         if not read_only:
             self.con.execute(schema.DDL)
@@ -238,12 +262,18 @@ class Store:
         )
 
     def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
-        """Land decoded batches; returns rows added (samples, events, incidents)."""
+        """Land decoded batches; returns rows added (samples, events, incidents).
+
+        All rows are converted to Arrow before any is inserted, so a value Arrow cannot
+        hold (``OverflowError``, ``ArrowInvalid``) fails the call before it wrote anything."""
         samples, events, incidents = flatten_batches(batches)
+        tables = (records_to_arrow(samples, schema.SAMPLE_SCHEMA),
+                  records_to_arrow(events, schema.EVENT_SCHEMA),
+                  records_to_arrow(incidents, schema.INCIDENT_SCHEMA))
         return (
-            self.insert_sample_records(samples),
-            self.insert_events(events),
-            self.insert_incidents(incidents),
+            self.insert_samples(tables[0]),
+            self._insert_new("xid_events", tables[1], schema.EVENT_KEY),
+            self._insert_new("incidents", tables[2], schema.INCIDENT_KEY),
         )
 
     def quarantine(self, source: str, reason: str, raw: bytes, *,
@@ -254,20 +284,47 @@ class Store:
         same bytes from the same ``source`` (``topic/partition@offset``) are kept once:
         a redelivery after a crash before the offset commit is not a second bad record.
         Returns whether a row was added."""
+        return self.quarantine_many([Quarantined(source, reason, raw, code, received_at)]) == 1
+
+    def quarantine_many(self, rows: Sequence[Any], *,
+                        received_at: dt.datetime | None = None) -> int:
+        """``quarantine`` for many rows in one statement (each row has ``source``,
+        ``reason``, ``raw`` and ``code``, as ``validate.Rejection`` has, and may have its
+        own ``received_at``); returns rows added. Rows already kept (same source and
+        bytes) and repeats are kept once."""
+        if not rows:
+            return 0
         when = _naive_utc(received_at or dt.datetime.now(dt.UTC))
+        times = [_naive_utc(t) if (t := getattr(r, "received_at", None)) else when
+                 for r in rows]
+        data = pa.table({"received_at": pa.array(times, pa.timestamp("us")),
+                         "source": pa.array([r.source for r in rows], pa.string()),
+                         "reason": pa.array([r.reason for r in rows], pa.string()),
+                         "raw": pa.array([r.raw for r in rows], pa.binary()),
+                         "code": pa.array([r.code for r in rows], pa.string())})
         with self._lock:
-            added = self.con.execute(
-                "INSERT INTO quarantine (received_at, source, reason, raw, code) "
-                "SELECT ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM quarantine "
-                "WHERE source = ? AND raw IS NOT DISTINCT FROM ?) RETURNING 1",
-                [when, source, reason, raw, code, source, raw]
-            ).fetchall()
-        if not added:
-            log.info("ingest.quarantine_redelivered source=%s code=%s (kept once)", source, code)
-            return False
-        log.warning("ingest.quarantined source=%s code=%s reason=%s bytes=%d",
-                    source, code, reason, len(raw))
-        return True
+            cur = self.cursor()
+            cur.register("incoming_quarantine", data)
+            try:
+                added = int(one_row(cur.execute(
+                    "INSERT INTO quarantine (received_at, source, reason, raw, code) "
+                    "SELECT DISTINCT ON (source, raw) * FROM incoming_quarantine n "
+                    "WHERE NOT EXISTS (SELECT 1 FROM quarantine q WHERE q.source = n.source "
+                    "AND q.raw IS NOT DISTINCT FROM n.raw)"))[0])
+            finally:
+                cur.unregister("incoming_quarantine")
+                cur.close()
+        codes = Counter(r.code for r in rows)
+        if added:
+            log.warning("ingest.quarantined records=%d codes=%s first=%s", added,
+                        ",".join(f"{c}:{n}" for c, n in sorted(codes.items(), key=str)),
+                        rows[0].source)
+        if added < len(rows):
+            log.info("ingest.quarantine_redelivered records=%d (kept once)", len(rows) - added)
+        for r in rows:
+            log.debug("ingest.quarantined source=%s code=%s reason=%s bytes=%d",
+                      r.source, r.code, r.reason, len(r.raw))
+        return added
 
     # -- meta -------------------------------------------------------------------
     def set_meta(self, key: str, value: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 
 from fleetcare.api.progress import progress_bar
 from fleetcare.collectors.durations import parse_duration
+from fleetcare.collectors.redact import mask_secrets
 
 
 def add_parser(subparsers: Any) -> None:
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         finally:
             progress.close()
     if args.json:
-        print(json.dumps({"prometheus": result.url, "db": db,
+        print(json.dumps({"prometheus": mask_secrets(result.url), "db": db,
                           "start": result.start.isoformat(), "end": result.end.isoformat(),
                           "chunks": result.chunks, "resumed": result.resumed,
                           "points": result.points, "samples": result.samples,
@@ -94,6 +95,6 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
     else:
         how = "resumed, " if result.resumed else ""
         print(f"backfilled {result.added:,} new samples ({result.samples:,} read, {how}"
-              f"{result.chunks} chunks) from {result.url} into {db}, "
+              f"{result.chunks} chunks) from {mask_secrets(result.url)} into {db}, "
               f"{result.start:%Y-%m-%d %H:%M} .. {result.end:%Y-%m-%d %H:%M} UTC")
     return 0

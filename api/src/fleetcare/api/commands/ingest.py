@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcare.collectors.durations import parse_duration
+from fleetcare.collectors.redact import mask_secrets
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +101,8 @@ def consumer_factory(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def add_parser(subparsers: Any) -> None:
+    from fleetcare.api.cli import port
+
     p = subparsers.add_parser(
         "ingest", help="land bus records in DuckDB (--db) or a Parquet lake (--lake)",
         description="Read telemetry, XID events and incidents from the bus and land them "
@@ -125,7 +128,7 @@ def add_parser(subparsers: Any) -> None:
                    help="records per poll (default 10000)")
     p.add_argument("--flush-interval", type=_duration, default=5.0, metavar="SECONDS",
                    help="lake: write files and commit at least this often (default 5s)")
-    p.add_argument("--metrics-port", type=int, default=None,
+    p.add_argument("--metrics-port", type=port, default=None,
                    help="serve Prometheus metrics on this port (GET /metrics)")
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     p.set_defaults(ingest_parser=p)
@@ -159,8 +162,8 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         try:
             consumer = open_consumer()
         except Exception as exc:  # NoBrokersAvailable and friends
-            print(f"fleetcare ingest: cannot read {args.bus} ({exc!r}): is the broker "
-                  "running and reachable from here?", file=sys.stderr)
+            print(mask_secrets(f"fleetcare ingest: cannot read {args.bus} ({exc!r}): is the "
+                               "broker running and reachable from here?"), file=sys.stderr)
             return 1
         worker = IngestWorker(sink, consumer, max_batch=args.batch,
                               idle_exit_s=args.exit_when_idle, max_records=args.max_records,
@@ -170,7 +173,8 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
             from fleetcare.collectors.agent_metrics import serve_metrics
 
             server = serve_metrics(worker, port=args.metrics_port)  # type: ignore[arg-type]
-        log.info("ingest.started worker=%s bus=%s into=%s", worker_id, args.bus, target)
+        log.info("ingest.started worker=%s bus=%s into=%s", worker_id, mask_secrets(args.bus),
+                 target)
         try:
             with handle_signals(worker):
                 summary = worker.run()

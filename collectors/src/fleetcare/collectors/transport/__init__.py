@@ -40,15 +40,32 @@ class BusUnavailable(TransportError):
     """The bus cannot be reached right now (the agent spools meanwhile)."""
 
 
+READ_ERRORS: dict[str, str] = {
+    "corrupt_frame": "embedded bus: bytes that are no whole record (checksum or header "
+                     "wrong); the reader skipped to the next whole record",
+    "torn_record": "embedded bus: a record whose writer died mid-append (never completed)",
+    "unknown_topic": "embedded bus: an intact record with a topic byte this reader does not "
+                     "know (written by a newer fleetcare)",
+    "invalid_key": "the message key is not UTF-8 text (a node name)",
+}
+"""What a consumer could not read, as ``Record.error_code``: the record is handed over
+(never raised, never skipped silently) and ingest quarantines it with this code."""
+
+
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One message read from a bus: the encoded batch plus where it came from."""
+    """One message read from a bus: the encoded batch plus where it came from.
+
+    ``error_code`` (one of ``READ_ERRORS``) and ``error`` are set when the consumer could
+    not read the message as a record; ``value`` then holds the bytes it found there."""
 
     topic: str
     key: str
     value: bytes
     partition: int
     offset: int
+    error_code: str | None = None
+    error: str = ""
 
 
 class Bus(Protocol):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from fleetcare.collectors.redact import mask_secrets
 from fleetcare.collectors.transport import Bus
 from fleetcare.collectors.transport.embedded import EmbeddedBus
 
@@ -22,13 +23,22 @@ SPOOL_DIR_ENV = "FLEETCARE_SPOOL_DIR"
 BUS_FORMS = ("embedded://PATH", "kafka://HOST:PORT[,HOST:PORT]")
 
 
+CREDENTIALS_IN_URL = (
+    "credentials in a kafka:// URL are not used (and would be printed): give the user and "
+    "password as kafka_sasl_plain_username / kafka_sasl_plain_password (with "
+    "kafka_security_protocol and kafka_sasl_mechanism) in the config file or environment")
+
+
 def bus_scheme(url: str) -> str:
-    """``"embedded"`` or ``"kafka"``; ``ValueError`` naming both forms otherwise."""
+    """``"embedded"`` or ``"kafka"``; ``ValueError`` naming both forms otherwise, or when a
+    kafka:// URL carries credentials (see ``CREDENTIALS_IN_URL``)."""
     scheme, sep, rest = url.partition("://")
     if sep and rest and scheme in ("embedded", "kafka"):
+        if scheme == "kafka" and "@" in rest.split("/", 1)[0]:
+            raise ValueError(f"bus URL {mask_secrets(url)!r}: {CREDENTIALS_IN_URL}")
         return scheme
-    raise ValueError(f"bus URL {url!r} is not understood: use {BUS_FORMS[0]} (one host, no "
-                     f"broker) or {BUS_FORMS[1]} (Apache Kafka)")
+    raise ValueError(f"bus URL {mask_secrets(url)!r} is not understood: use {BUS_FORMS[0]} "
+                     f"(one host, no broker) or {BUS_FORMS[1]} (Apache Kafka)")
 
 
 def open_bus(url: str, *, spool_dir: str | os.PathLike[str] | None = None,

@@ -31,6 +31,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from fleetcare.collectors.contract import Batch, WireFormat, encode_batch
+from fleetcare.collectors.redact import mask_secrets
 from fleetcare.collectors.transport import (
     EVENTS_TOPIC,
     TELEMETRY_TOPIC,
@@ -76,7 +77,12 @@ def parse_url(url: str) -> list[str]:
     """``kafka://host:port[,host:port...]`` -> bootstrap servers."""
     parts = urlsplit(url)
     if parts.scheme != "kafka" or not parts.netloc:
-        raise ValueError(f"Kafka URL {url!r} is not of the form kafka://HOST:PORT[,HOST:PORT]")
+        raise ValueError(f"Kafka URL {mask_secrets(url)!r} is not of the form "
+                         "kafka://HOST:PORT[,HOST:PORT]")
+    if "@" in parts.netloc:
+        from fleetcare.collectors.transport.factory import CREDENTIALS_IN_URL
+
+        raise ValueError(f"Kafka URL {mask_secrets(url)!r}: {CREDENTIALS_IN_URL}")
     return [hp if ":" in hp else f"{hp}:9092" for hp in parts.netloc.split(",") if hp]
 
 
@@ -379,6 +385,22 @@ class KafkaBus:
                 return
 
 
+def _record(r: Any) -> Record:
+    """A kafka-python ConsumerRecord as a ``Record``; never raises: a key that is not UTF-8
+    comes as ``error_code="invalid_key"`` (ingest quarantines it), a null value as b""."""
+    key = r.key or b""
+    value = r.value if r.value is not None else b""
+    try:
+        text = key.decode("utf-8")
+    except UnicodeDecodeError:
+        return Record(topic=r.topic, key=key.decode("utf-8", "replace"), value=value,
+                      partition=r.partition, offset=r.offset, error_code="invalid_key",
+                      error=f"the message key {key[:64]!r} is not UTF-8 text; keys are node "
+                            "names")
+    return Record(topic=r.topic, key=text, value=value, partition=r.partition,
+                  offset=r.offset)
+
+
 class KafkaConsumerSource:
     """The ``BusConsumer`` on Kafka: one member of consumer group ``group_id``.
 
@@ -423,9 +445,7 @@ class KafkaConsumerSource:
         polled = self._consumer.poll(timeout_ms=int(timeout_s * 1000), max_records=max_records)
         out: list[Record] = []
         for tp, records in polled.items():
-            for r in records:
-                out.append(Record(topic=r.topic, key=(r.key or b"").decode("utf-8", "replace"),
-                                  value=r.value, partition=r.partition, offset=r.offset))
+            out.extend(_record(r) for r in records)
             if records:
                 self._positions[tp] = records[-1].offset + 1
         return out
