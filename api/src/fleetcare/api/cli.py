@@ -257,7 +257,8 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
     svc.start()
     try:
         serve(store, host=host, port=args.port or cfg.port,
-              app=create_app(store, auth=not args.no_auth, drains=drains))
+              app=create_app(store, auth=not args.no_auth, drains=drains,
+                             ingest=lambda: w.families() if (w := svc.worker) else []))
     finally:
         svc.stop()
         store.close()

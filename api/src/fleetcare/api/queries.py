@@ -409,6 +409,27 @@ def drain_stats(cur: Cursor, tables: set[str], now: dt.datetime) -> dict[str, An
     return out
 
 
+ALERT_STATES = ("pending", "firing")
+MESSAGE_STATES = ("pending", "delivered", "dead")
+
+
+def alert_stats(cur: Cursor, tables: set[str]) -> dict[str, list[tuple[str, int]]]:
+    """Open alerts by state (``pending``, ``firing``) and alert messages in the outbox by
+    state (``pending``: not yet taken by the receiver, ``delivered``, ``dead``: given up).
+    Every state is listed, 0 when none, so a dashboard sees 0 rather than no data."""
+    open_ = dict.fromkeys(ALERT_STATES, 0)
+    messages = dict.fromkeys(MESSAGE_STATES, 0)
+    if "alerts" in tables:
+        for state, n in cur.execute("SELECT state, count(*) FROM alerts WHERE state IN "
+                                    "('pending', 'firing') GROUP BY state").fetchall():
+            open_[state] = int(n)
+    if "alert_outbox" in tables:
+        for state, n in cur.execute("SELECT state, count(*) FROM alert_outbox "
+                                    "GROUP BY state").fetchall():
+            messages[state] = int(n)
+    return {"open": list(open_.items()), "messages": list(messages.items())}
+
+
 def current_model(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
     """The registry row flagged ``is_current`` (newest if several); None if none."""
     if "models" not in tables:
