@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -232,6 +233,20 @@ def node_labels(cur: Cursor, tables: set[str], nodes: list[str]) -> dict[str, di
     for node, key, value in rows:
         out.setdefault(node, {})[key] = value
     return out
+
+
+def labels_reader(store: Any) -> Callable[[str], dict[str, str]]:
+    """``node -> its labels``, read from ``store`` at each call: the alert engine's
+    ``node_labels`` (a node's partition reaches alerts, and Alertmanager's routes)."""
+
+    def read(node: str) -> dict[str, str]:
+        cur = store.cursor()
+        try:
+            return node_labels(cur, existing_tables(cur), [node]).get(node, {})
+        finally:
+            cur.close()
+
+    return read
 
 
 def attach_labels(cur: Cursor, tables: set[str], rows: list[dict[str, Any]]) -> None:
