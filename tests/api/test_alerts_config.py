@@ -67,7 +67,7 @@ def test_no_config_file_means_defaults_and_no_sinks() -> None:
     ({"treshold": 0.5}, "[alerts] treshold", "known keys"),
     ({"threshold": 1.5}, "[alerts] threshold", "between 0.0 and 1.0"),
     ({"sinks": [{"name": "x", "kind": "teams", "url": "http://a"}]},
-     "[[alerts.sinks]] x kind", "alertmanager, slack, pagerduty, hmac"),
+     "[[alerts.sinks]] x kind", "alertmanager, alertmanager-api, slack, pagerduty, hmac"),
     ({"sinks": [{"name": "x", "kind": "slack"}]}, "[[alerts.sinks]] x url",
      "FLEETCARE_ALERTS_X_URL"),
     ({"sinks": [{"name": "p", "kind": "pagerduty"}]}, "[[alerts.sinks]] p routing_key",
@@ -76,6 +76,13 @@ def test_no_config_file_means_defaults_and_no_sinks() -> None:
      "[[alerts.sinks]] h secret", "FLEETCARE_ALERTS_H_SECRET"),
     ({"sinks": [{"name": "h", "kind": "alertmanager", "url": "http://a",
                  "events": ["fired"]}]}, "[[alerts.sinks]] h events", '"firing"'),
+    ({"sinks": [{"name": "s", "kind": "slack", "url": "http://a", "username": "u"}]},
+     "[[alerts.sinks]] s username", "only alertmanager-api sinks take a username"),
+    ({"sinks": [{"name": "am", "kind": "alertmanager-api", "url": "http://a",
+                 "username": "fleetcare"}]}, "[[alerts.sinks]] am secret",
+     "FLEETCARE_ALERTS_AM_SECRET"),
+    ({"sinks": [{"name": "s", "kind": "slack", "url": "http://a",
+                 "repeat_interval": "often"}]}, "[[alerts.sinks]] s repeat_interval", "10m"),
     ({"sinks": [{"name": "a", "kind": "alertmanager", "url": "http://a"},
                 {"name": "a", "kind": "alertmanager", "url": "http://b"}]},
      "[[alerts.sinks]] name", "more than one sink"),
@@ -86,6 +93,23 @@ def test_errors_name_the_key_and_the_fix(table: dict[str, Any], key: str,
         parse(table, {})
     assert info.value.key == key
     assert fragment in str(info.value)
+
+
+def test_alertmanager_api_sink_defaults_and_secret_from_the_environment() -> None:
+    cfg = parse({"sinks": [
+        {"name": "am", "kind": "alertmanager-api", "url": "http://am:9093",
+         "username": "fleetcare"},
+        {"name": "am-crit", "kind": "alertmanager-api", "url": "http://am:9093",
+         "severity": "critical", "min_risk": 0.8, "repeat_interval": "30s"},
+        {"name": "slack", "kind": "slack", "url": "http://a"}]},
+        {"FLEETCARE_ALERTS_AM_SECRET": "pw"})
+    am, crit, slack = cfg.sinks
+    assert (am.username, am.secret, am.severity, am.repeat_interval_s) == (
+        "fleetcare", Secret("pw"), "auto", 60.0)
+    assert (crit.username, crit.secret, crit.severity, crit.repeat_interval_s) == (
+        None, None, "critical", 30.0)
+    assert slack.repeat_interval_s is None  # [alerts] repeat_interval
+    assert "pw" not in str(am.describe()) and am.describe()["secret"] == "********"
 
 
 def test_a_bad_secret_url_is_not_echoed() -> None:

@@ -131,6 +131,24 @@ def test_dedup_one_open_alert_per_node_and_optional_renotification(db: Store) ->
         (T0, True, "20260301T124000Z"), (T0, True, "20260301T130000Z")]
 
 
+def test_a_sinks_own_repeat_interval_and_repeats_while_the_node_is_silent(db: Store) -> None:
+    clock = Clock()
+    sinks = [am("am", repeat_interval="2m"), am("once"),
+             {"name": "api", "kind": "alertmanager-api", "url": "http://127.0.0.1:9"}]
+    eng = engine(db, config(sinks, **{"for": "0"}), clock)
+    run(db, eng, clock, 0, {"gpu01": 0.9})
+    run(db, eng, clock, 1, {"gpu01": 0.9})
+    for m in (2, 3, 4):                     # gpu01 went silent: still firing, still repeated
+        run(db, eng, clock, m, {"gpu02": 0.1})
+    sent = [(s, e) for s, _, e in outbox(db)]
+    # alertmanager-api: every run (1 min by default, so Alertmanager keeps the alert)
+    assert sent == [("am", "firing"), ("once", "firing"), ("api", "firing"),
+                    ("api", "firing"),
+                    ("am", "firing"), ("api", "firing"),
+                    ("api", "firing"),
+                    ("am", "firing"), ("api", "firing")]
+
+
 def test_routing_min_risk_labels_events_and_escalation(db: Store) -> None:
     clock = Clock()
     sinks = [am("all"), am("page", min_risk=0.8), am("gpu-only", match={"node": "gpu*"}),
@@ -210,3 +228,16 @@ def test_rule_step_is_pure() -> None:
     alert2, change = rule.step(alert, Score(T0 + minutes(1), "n", 0.2), T0 + minutes(1))
     assert (alert2.state, alert2.resolved_at, change) == ("resolved", T0 + minutes(1), "resolved")
     assert alert.state == "firing"
+
+
+def test_alerts_carry_the_labels_set_through_the_api(db: Store) -> None:
+    from fleetcare.api import queries
+
+    cur = db.cursor()
+    cur.execute(queries.LABELS_DDL)
+    queries.set_labels(cur, "gpu01", {"partition": "train-a", "rack": "r7"}, T0)
+    eng = AlertEngine.from_config(db, config([am()], **{"for": "0"}), clock=Clock(),
+                                  node_labels=queries.labels_reader(db))
+    events = run(db, eng, Clock(), 0, {"gpu01": 0.9, "gpu02": 0.9})
+    assert [(e.node, dict(e.labels)) for e in events] == [
+        ("gpu01", {"partition": "train-a", "rack": "r7"}), ("gpu02", {})]

@@ -176,3 +176,39 @@ def test_hmac_signed_json_verifies_and_rejects_replays(db: Store, receivers: Any
     rts = resolved.headers["X-Fleetcare-Timestamp"]
     assert verify_signature(SECRET, rts, resolved.body,
                             resolved.headers["X-Fleetcare-Signature"], int(rts))
+
+
+def test_alertmanager_api_v2_alerts_with_basic_auth_added_at_send_time(
+        db: Store, receivers: Any) -> None:
+    recv = receivers()
+    cfg = config([{"name": "am", "kind": "alertmanager-api", "url": recv.url("/"),
+                   "username": "fleetcare"}], {"FLEETCARE_ALERTS_AM_SECRET": "pw"},
+                 **{"for": "0", "resolve_for": "0"})
+    clock = Clock()
+    eng = AlertEngine.from_config(db, cfg, clock=clock, rng=lambda: 0.5,
+                                  node_labels=lambda n: {"partition": "a100", "rack-id": "r7",
+                                                         "empty": ""})
+    put_scores(db, T0, {"gpu017": 0.83}, reasons={"gpu017": REASONS})
+    eng.evaluate(clock.at(T0 + dt.timedelta(seconds=5)))
+    put_scores(db, T0 + minutes(1), {"gpu017": 0.1})
+    eng.evaluate(clock.at(T0 + minutes(1) + dt.timedelta(seconds=5)))
+    assert eng.outbox.deliver_due(clock()).delivered == 2
+    stored = db.cursor().execute("SELECT headers FROM alert_outbox").fetchall()
+    assert all("Authorization" not in h and "pw" not in h for (h,) in stored)
+    firing, resolved = recv.got
+    assert (firing.path, resolved.path) == ("/api/v2/alerts", "/api/v2/alerts")
+    assert firing.headers["Authorization"] == "Basic ZmxlZXRjYXJlOnB3"  # fleetcare:pw
+    assert firing.headers["Content-Type"] == "application/json"
+    labels = {"alertname": "FleetcareNodeFailureRisk", "node": "gpu017",
+              "severity": "warning", "partition": "a100", "rack_id": "r7"}
+    annotations = {"summary": "gpu017: failure risk 0.83 >= 0.50 since 2026-03-01T12:00:00Z",
+                   "description": "; ".join(REASONS), "risk": "0.8300",
+                   "peak_risk": "0.8300", "threshold": "0.5000", "alert_id": ALERT_ID,
+                   "model_id": "m1", "top_gpu_uuid": "GPU-gpu017-0"}
+    assert firing.json() == [{"labels": labels, "annotations": annotations,
+                              "startsAt": "2026-03-01T12:00:00Z",
+                              "generatorURL": "http://fleetcare.test:8000/v1/nodes/gpu017"}]
+    body = resolved.json()
+    assert [(a["labels"], a["startsAt"], a["endsAt"]) for a in body] == [
+        (labels, "2026-03-01T12:00:00Z", "2026-03-01T12:01:00Z")]
+    assert body[0]["annotations"]["summary"] == "gpu017: failure risk fell to 0.10 (peak 0.83)"

@@ -233,6 +233,21 @@ def test_metrics_exposition(client, fleet):
         "# HELP fleetcare_drain_last_action_timestamp_seconds Unix time of the newest real "
         "drain controller action (absent before one).\n"
         "# TYPE fleetcare_drain_last_action_timestamp_seconds gauge\n"
+        "# HELP fleetcare_latest_telemetry_timestamp_seconds Unix time of the newest "
+        "telemetry sample stored (absent before the first); time() minus this is the ingest "
+        "lag.\n"
+        "# TYPE fleetcare_latest_telemetry_timestamp_seconds gauge\n"
+        "# HELP fleetcare_alerts Open node-risk alerts of fleetcare's alert engine, by state "
+        "(pending, firing).\n"
+        "# TYPE fleetcare_alerts gauge\n"
+        'fleetcare_alerts{state="pending"} 0\n'
+        'fleetcare_alerts{state="firing"} 0\n'
+        "# HELP fleetcare_alert_messages Alert messages in the outbox, by state (pending: the "
+        "receiver has not taken it yet; delivered; dead: given up).\n"
+        "# TYPE fleetcare_alert_messages gauge\n"
+        'fleetcare_alert_messages{state="pending"} 0\n'
+        'fleetcare_alert_messages{state="delivered"} 0\n'
+        'fleetcare_alert_messages{state="dead"} 0\n'
     )
     fleet.node_score("gpu-a1", 0.25, ts=fleet.T0 - dt.timedelta(hours=1))
     fleet.node_score("gpu-a1", 0.125)
@@ -248,6 +263,11 @@ def test_metrics_exposition(client, fleet):
         "fleetcare_scored_nodes 3",
         "fleetcare_latest_score_timestamp_seconds 1772366400.5",
         "fleetcare_drains_overdue 0",
+        'fleetcare_alerts{state="pending"} 0',
+        'fleetcare_alerts{state="firing"} 0',
+        'fleetcare_alert_messages{state="pending"} 0',
+        'fleetcare_alert_messages{state="delivered"} 0',
+        'fleetcare_alert_messages{state="dead"} 0',
     ]
 
 
@@ -280,6 +300,39 @@ def test_metrics_show_drains_held_and_done(client, store, clock):
         'fleetcare_drain_actions_total{action="refuse",result="refused"} 1',
         f"fleetcare_drain_last_action_timestamp_seconds {clock() - 3600.0!r}",
     ]
+
+
+def test_metrics_show_alerts_telemetry_and_the_ingest_worker(store, fleet, clock, serve_app):
+    from fleetcare.api.alerts import AlertEngine, AlertsConfig, SinkConfig
+    from fleetcare.api.alerts.config import Secret
+    from fleetcare.collectors.agent_metrics import Family
+
+    fleet.node_score("hot", 0.9)
+    fleet.node_score("warm", 0.6)
+    fleet.node_score("cool", 0.1)
+    store.insert_sample_records([GpuSample(
+        ts=dt.datetime(2026, 3, 1, 12, 0, 30, 250000, tzinfo=UTC), node="hot",
+        gpu_uuid="GPU-1", gpu_index=0, pci_bus_id="00000000:3B:00.0", model="H100")])
+    # firing at once (for 0 s); one message each, waiting for a receiver that is not there
+    sink = SinkConfig("am", "alertmanager", Secret("http://127.0.0.1:9/hook"))
+    AlertEngine.from_config(store, AlertsConfig(for_s=0.0, sinks=(sink,))).evaluate(clock())
+    client = serve_app(store, clock=clock, ingest=lambda: [
+        Family("fleetcare_ingest_samples_total", "counter", "GPU samples landed.",
+               [({"worker": "serve"}, 12)])])
+    text = client.get("/metrics").text
+    lines = [ln for ln in text.splitlines() if not ln.startswith("#")
+             and ("alert" in ln or "telemetry" in ln or "ingest" in ln)]
+    assert lines == [
+        "fleetcare_latest_telemetry_timestamp_seconds 1772366430.25",
+        'fleetcare_alerts{state="pending"} 0',
+        'fleetcare_alerts{state="firing"} 2',
+        'fleetcare_alert_messages{state="pending"} 2',
+        'fleetcare_alert_messages{state="delivered"} 0',
+        'fleetcare_alert_messages{state="dead"} 0',
+        'fleetcare_ingest_samples_total{worker="serve"} 12',
+    ]
+    assert text.endswith("# TYPE fleetcare_ingest_samples_total counter\n"
+                         'fleetcare_ingest_samples_total{worker="serve"} 12\n')
 
 
 def test_dashboard_shows_ranked_nodes_and_simulated_banner(client, fleet, store):

@@ -43,7 +43,8 @@ def slurm_conf() -> str:
                          text=True, timeout=900)
     if res.returncode != 0:
         pytest.fail(f"deploy/slurm/start.sh failed:\n{res.stdout}\n{res.stderr}")
-    return str(ROOT / "var/slurm/slurm.conf")
+    # start.sh's folder: $FLEETCARE_SLURM_DIR (a cluster another checkout started) or ours
+    return str(Path(os.environ.get("FLEETCARE_SLURM_DIR", ROOT / "var/slurm")) / "slurm.conf")
 
 
 def states() -> dict[str, tuple[str, str]]:

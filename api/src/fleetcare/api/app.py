@@ -11,7 +11,7 @@ Routes (scope needed; see ``fleetcare.api.auth``)::
 
     GET /                      read   dashboard (HTML, self-contained, auto-refresh)
     GET /healthz               open   liveness + freshness of telemetry and scores
-    GET /metrics               open   Prometheus text (node risk, drains held / done)
+    GET /metrics               open   Prometheus text (node risk, drains, alerts, ingest)
     GET /docs, /openapi.json   open   OpenAPI UI (served from the package: no CDN) and spec;
                                       no /redoc (ReDoc would load a script from a CDN)
     GET /v1/risk               read   latest score per node, highest risk first; filters
@@ -44,7 +44,7 @@ import dataclasses
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from importlib import metadata
 from typing import Annotated, Any
 
@@ -81,6 +81,7 @@ from fleetcare.api.schemas import (
     TokenOut,
 )
 from fleetcare.api.server import bound_port, serve, start_server_thread
+from fleetcare.collectors.agent_metrics import Family, exposition
 from fleetcare.models import scoring
 from fleetcare.models.goodput import CostModel, GoodputError
 from fleetcare.pipeline.store import Store
@@ -283,11 +284,15 @@ def _ensure_api_tables(store: Store, auth: bool) -> None:
 
 def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = time.time,
                simulated: bool | None = None, drains: Any = None,
-               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES) -> FastAPI:
+               max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+               ingest: Callable[[], Iterable[Family]] | None = None) -> FastAPI:
     """The API over ``store``.
 
     ``drains``: the service's ``DrainController``, for ``POST /v1/drains/{node}/clear``
     (the database has one writer: while ``serve`` runs, operators clear drains here).
+
+    ``ingest``: the running ingest worker's metric families (``serve``: the service's
+    ``worker.families()``), added to ``GET /metrics``.
 
     ``auth``: require bearer tokens (see ``fleetcare.api.auth``); ``auth=False`` is for
     loopback-only use (``fleetcare serve --no-auth``, the demo, tests). ``clock`` gives
@@ -596,16 +601,20 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
              responses={200: {"content": {"text/plain": {}},
                               "description": "Prometheus text format 0.0.4."}})
     def prometheus(cur: Cur) -> Response:
-        """Latest node risks and the drain controller's state as Prometheus metrics (no
-        token: scrapers)."""
+        """Latest node risks, the drain controller's state, alerts and ingest freshness as
+        Prometheus metrics (no token: scrapers)."""
         tables = queries.existing_tables(cur)
         nodes = queries.ranked_nodes(cur, tables)
         latest = queries.latest_score_ts(cur, tables)
         drains = queries.drain_stats(cur, tables, utcnow())
         if drains["last_action"] is not None:
             drains["last_action"] = queries.epoch_s(drains["last_action"])
-        text = metrics.render(nodes, None if latest is None else queries.epoch_s(latest),
-                              drains)
+        telemetry = queries.latest_telemetry_ts(cur, tables, store.raw)
+        text = metrics.render(
+            nodes, None if latest is None else queries.epoch_s(latest), drains,
+            latest_telemetry_s=None if telemetry is None else queries.epoch_s(telemetry),
+            alerts=queries.alert_stats(cur, tables),
+            extra=exposition(ingest()) if ingest is not None else "")
         return Response(text, media_type=metrics.CONTENT_TYPE)
 
     @app.get("/", response_class=HTMLResponse, tags=["service"], dependencies=READ,

@@ -303,12 +303,14 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
     open_consumer = consumer_factory(args.serve_parser, args, cfg) if args.bus else None
     store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.bus or args.lake),
                        create_lake=True)
+    from fleetcare.api import queries
     from fleetcare.api.alerts import AlertEngine, load_config
 
     drains = _drain_controller(store, args.drain_scheduler, args.drain_execute)
     svc = Service(store, open_consumer=open_consumer,
                   score_every_s=parse_duration(args.score_every),
-                  alerts=AlertEngine.from_config(store, load_config(args.config)),
+                  alerts=AlertEngine.from_config(store, load_config(args.config),
+                                                 node_labels=queries.labels_reader(store)),
                   drains=drains)
     log.info("serve.started db=%s source=%s", store.path, mask_secrets(
         args.bus or (f"lake {args.lake}" if args.lake else "none (scoring only)")))
@@ -316,7 +318,8 @@ def cmd_serve(args: argparse.Namespace, cfg: Settings) -> int:
     try:
         serve(store, host=host, port=listen,
               app=create_app(store, auth=not args.no_auth, drains=drains,
-                             max_body_bytes=cfg.max_body_bytes))
+                             max_body_bytes=cfg.max_body_bytes,
+                             ingest=lambda: w.families() if (w := svc.worker) else []))
     finally:
         svc.stop()
         store.close()

@@ -43,9 +43,13 @@ def _family(name: str, help_text: str, samples: Iterable[tuple[Mapping[str, str]
 
 
 def render(nodes: list[dict[str, Any]], latest_score_s: float | None,
-           drains: Mapping[str, Any] | None = None) -> str:
-    """The exposition for ``nodes`` (``queries.ranked_nodes`` rows), the newest score and
-    the drain controller's state (``queries.drain_stats``; omitted when None)."""
+           drains: Mapping[str, Any] | None = None, *,
+           latest_telemetry_s: float | None = None,
+           alerts: Mapping[str, Any] | None = None, extra: str = "") -> str:
+    """The exposition for ``nodes`` (``queries.ranked_nodes`` rows), the newest score, the
+    drain controller's state (``queries.drain_stats``; omitted when None), the newest
+    telemetry sample, the alerts (``queries.alert_stats``; omitted when None) and
+    ``extra``, text already in the format (the ingest worker's counters)."""
     return "".join([
         _family(
             "fleetcare_node_failure_risk",
@@ -60,7 +64,28 @@ def render(nodes: list[dict[str, Any]], latest_score_s: float | None,
             [] if latest_score_s is None else [({}, latest_score_s)],
         ),
         *(_drain_families(drains) if drains is not None else []),
+        _family(
+            "fleetcare_latest_telemetry_timestamp_seconds",
+            "Unix time of the newest telemetry sample stored (absent before the first); "
+            "time() minus this is the ingest lag.",
+            [] if latest_telemetry_s is None else [({}, latest_telemetry_s)],
+        ),
+        *(_alert_families(alerts) if alerts is not None else []),
+        extra,
     ])
+
+
+def _alert_families(a: Mapping[str, Any]) -> list[str]:
+    return [
+        _family("fleetcare_alerts",
+                "Open node-risk alerts of fleetcare's alert engine, by state (pending, "
+                "firing).",
+                (({"state": str(s)}, int(n)) for s, n in a.get("open", []))),
+        _family("fleetcare_alert_messages",
+                "Alert messages in the outbox, by state (pending: the receiver has not "
+                "taken it yet; delivered; dead: given up).",
+                (({"state": str(s)}, int(n)) for s, n in a.get("messages", []))),
+    ]
 
 
 def _drain_families(d: Mapping[str, Any]) -> list[str]:

@@ -15,6 +15,7 @@ import datetime as dt
 import json
 import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 import duckdb
@@ -234,6 +235,20 @@ def node_labels(cur: Cursor, tables: set[str], nodes: list[str]) -> dict[str, di
     return out
 
 
+def labels_reader(store: Any) -> Callable[[str], dict[str, str]]:
+    """``node -> its labels``, read from ``store`` at each call: the alert engine's
+    ``node_labels`` (a node's partition reaches alerts, and Alertmanager's routes)."""
+
+    def read(node: str) -> dict[str, str]:
+        cur = store.cursor()
+        try:
+            return node_labels(cur, existing_tables(cur), [node]).get(node, {})
+        finally:
+            cur.close()
+
+    return read
+
+
 def attach_labels(cur: Cursor, tables: set[str], rows: list[dict[str, Any]]) -> None:
     """Set ``row["labels"]`` on each row (a node's label map, {} when it has none)."""
     found = node_labels(cur, tables, [r["node"] for r in rows])
@@ -407,6 +422,27 @@ def drain_stats(cur: Cursor, tables: set[str], now: dt.datetime) -> dict[str, An
             "WHERE NOT dry_run GROUP BY ALL ORDER BY 1, 2").fetchall()
         out["last_action"] = _one(cur, "SELECT max(ts) FROM drain_audit WHERE NOT dry_run")
     return out
+
+
+ALERT_STATES = ("pending", "firing")
+MESSAGE_STATES = ("pending", "delivered", "dead")
+
+
+def alert_stats(cur: Cursor, tables: set[str]) -> dict[str, list[tuple[str, int]]]:
+    """Open alerts by state (``pending``, ``firing``) and alert messages in the outbox by
+    state (``pending``: not yet taken by the receiver, ``delivered``, ``dead``: given up).
+    Every state is listed, 0 when none, so a dashboard sees 0 rather than no data."""
+    open_ = dict.fromkeys(ALERT_STATES, 0)
+    messages = dict.fromkeys(MESSAGE_STATES, 0)
+    if "alerts" in tables:
+        for state, n in cur.execute("SELECT state, count(*) FROM alerts WHERE state IN "
+                                    "('pending', 'firing') GROUP BY state").fetchall():
+            open_[state] = int(n)
+    if "alert_outbox" in tables:
+        for state, n in cur.execute("SELECT state, count(*) FROM alert_outbox "
+                                    "GROUP BY state").fetchall():
+            messages[state] = int(n)
+    return {"open": list(open_.items()), "messages": list(messages.items())}
 
 
 def current_model(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:

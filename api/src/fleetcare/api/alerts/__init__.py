@@ -7,8 +7,8 @@ outbox in DuckDB.
     engine.evaluate(now)             # after each scoring run
     engine.outbox.deliver_due(now)   # then POST what is due (retries with backoff)
 
-Modules: ``rules`` (the state machine), ``sinks`` (Alertmanager, Slack, PagerDuty, signed
-JSON; ``verify_signature`` for receivers), ``outbox`` (durable delivery), ``engine``
+Modules: ``rules`` (the state machine), ``sinks`` (Alertmanager webhook and API v2, Slack,
+PagerDuty, signed JSON; ``verify_signature`` for receivers), ``outbox`` (durable delivery), ``engine``
 (scoring runs -> alert rows + outbox messages), ``config`` (``[alerts]`` TOML + env).
 
 Exceptions::

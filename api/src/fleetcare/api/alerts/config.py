@@ -11,15 +11,26 @@ from the environment.
 
     [[alerts.sinks]]
     name = "ops-slack"
-    kind = "slack"             # alertmanager | slack | pagerduty | hmac
+    kind = "slack"             # alertmanager | alertmanager-api | slack | pagerduty | hmac
     events = ["firing", "resolved"]
     min_risk = 0.7
     match = { node = "gpu-a*" }   # label globs; every one must match
+    repeat_interval = "4h"     # this sink's re-notification (default: [alerts]'s)
+
+    [[alerts.sinks]]
+    name = "am"
+    kind = "alertmanager-api"  # push into Alertmanager: POST {url}/api/v2/alerts
+    url = "http://alertmanager:9093"
+    severity = "warning"       # the alert's severity label (auto: warning)
+    username = "fleetcare"     # basic auth, password in FLEETCARE_ALERTS_AM_SECRET
+    # repeat_interval defaults to 1m: Alertmanager resolves an alert not re-sent
+    # within its resolve_timeout (5m)
 
 Secrets never need to be in the file: ``FLEETCARE_ALERTS_<NAME>_URL``,
 ``FLEETCARE_ALERTS_<NAME>_ROUTING_KEY`` and ``FLEETCARE_ALERTS_<NAME>_SECRET`` (NAME is the
 sink name in upper case, other characters as ``_``) override the sink's ``url``,
-``routing_key`` and ``secret``; ``FLEETCARE_ALERTS_THRESHOLD`` etc. override ``[alerts]``
+``routing_key`` and ``secret`` (hmac: the shared secret; alertmanager-api: the basic-auth
+password with ``username``, else a bearer token); ``FLEETCARE_ALERTS_THRESHOLD`` etc. override ``[alerts]``
 keys. Secrets are ``Secret`` values: they print as ``********``.
 
 Errors are ``fleetcare.collectors.config.ConfigError`` (.key, .value), naming the key, the
@@ -39,10 +50,13 @@ from urllib.parse import urlsplit
 from fleetcare.collectors.config import ConfigError, read_section
 from fleetcare.collectors.durations import parse_duration
 
-KINDS = ("alertmanager", "slack", "pagerduty", "hmac")
+KINDS = ("alertmanager", "alertmanager-api", "slack", "pagerduty", "hmac")
 EVENTS = ("firing", "resolved")
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 ENV_PREFIX = "FLEETCARE_ALERTS_"
+ALERTMANAGER_API_REPEAT_S = 60.0
+"""alertmanager-api sinks re-send a firing alert this often unless configured: Alertmanager
+resolves an alert it has not heard of for its resolve_timeout (5 min by default)."""
 
 
 class Secret:
@@ -84,6 +98,8 @@ class SinkConfig:
     secret: Secret | None = None           # hmac
     severity: str = "auto"                 # pagerduty: auto (by risk) or a fixed severity
     receiver: str | None = None            # alertmanager: the receiver name sent
+    username: str | None = None            # alertmanager-api: basic auth (secret: password)
+    repeat_interval_s: float | None = None  # None: [alerts] repeat_interval
 
     def describe(self) -> dict[str, Any]:
         """For printing: every secret masked, the URL shown up to its host."""
@@ -91,7 +107,8 @@ class SinkConfig:
                 "events": list(self.events), "min_risk": self.min_risk,
                 "match": dict(self.match),
                 "routing_key": str(self.routing_key) if self.routing_key else None,
-                "secret": str(self.secret) if self.secret else None}
+                "secret": str(self.secret) if self.secret else None,
+                "username": self.username, "repeat_interval_s": self.repeat_interval_s}
 
 
 @dataclass(frozen=True)
@@ -156,7 +173,7 @@ _TOP = {"threshold": "threshold", "for": "for_s", "resolve_threshold": "resolve_
 _DURATIONS = {"for", "resolve_for", "repeat_interval", "timeout", "retry_base", "retry_cap",
               "max_age"}
 _SINK_KEYS = {"name", "kind", "url", "events", "min_risk", "match", "routing_key", "secret",
-              "severity", "receiver"}
+              "severity", "receiver", "username", "repeat_interval"}
 _SEVERITIES = ("auto", "critical", "error", "warning", "info")
 
 
@@ -254,12 +271,29 @@ def _sink(i: int, raw: Mapping[str, Any], env: Mapping[str, str]) -> SinkConfig:
     if severity not in _SEVERITIES:
         raise ConfigError(f"{where} severity", severity,
                           "expected one of " + ", ".join(_SEVERITIES))
+    username = raw.get("username")
+    if username is not None and (kind != "alertmanager-api" or not isinstance(username, str)
+                                 or not username or ":" in username):
+        raise ConfigError(f"{where} username", username,
+                          "only alertmanager-api sinks take a username (basic auth), a "
+                          "non-empty string without ':'; its password goes in "
+                          f"{prefix}SECRET")
+    if username is not None and not secret:
+        raise ConfigError(f"{where} secret", None, f"basic auth as {username!r} needs its "
+                          f"password: set {prefix}SECRET")
+    repeat = raw.get("repeat_interval")
+    if repeat is None and kind == "alertmanager-api":
+        repeat_s: float | None = ALERTMANAGER_API_REPEAT_S
+    elif repeat in (None, "", "never"):
+        repeat_s = None
+    else:
+        repeat_s = _duration(f"{where} repeat_interval", repeat, zero_ok=False)
     return SinkConfig(
         name=name, kind=kind, url=Secret(str(url)), events=tuple(events),
         min_risk=_float(f"{where} min_risk", raw.get("min_risk", 0.0), 0.0, 1.0),
         match=dict(match), routing_key=Secret(str(routing_key)) if routing_key else None,
         secret=Secret(str(secret)) if secret else None, severity=severity,
-        receiver=raw.get("receiver"))
+        receiver=raw.get("receiver"), username=username, repeat_interval_s=repeat_s)
 
 
 def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> AlertsConfig:

@@ -22,7 +22,9 @@ Routing: a firing event goes to every sink that ``wants`` it (events, min_risk, 
 globs); a sink that starts wanting a still-firing alert (its risk rose past the sink's
 min_risk) gets it then; with ``repeat_interval_s`` each sink is re-sent the firing event
 that often. A resolved event goes to the sinks that were sent this alert's firing event and
-take resolved events, so PagerDuty resolves exactly what it triggered.
+take resolved events, so PagerDuty resolves exactly what it triggered. A sink's own
+``repeat_interval`` overrides ``[alerts]``'s (alertmanager-api: 1 min, so Alertmanager
+keeps the alert); repeats are due in every run, also one the firing node is missing from.
 """
 
 from __future__ import annotations
@@ -161,8 +163,8 @@ class AlertEngine:
             if change == "firing":
                 log.warning("alerts.firing node=%s id=%s risk=%.3f", node, alert.id, alert.risk)
                 events += self._route_firing(tx, alert, ts, when)
-            elif change == "updated" and alert.state == "firing":
-                events += self._route_firing(tx, alert, ts, when)
+            elif change in ("updated", "none") and alert.state == "firing":
+                events += self._route_firing(tx, alert, ts, when)  # repeats, when due
             elif change == "resolved":
                 log.warning("alerts.resolved node=%s id=%s risk=%.3f", node, alert.id,
                             alert.risk)
@@ -201,9 +203,10 @@ class AlertEngine:
     def _route_firing(self, tx: Any, alert: Alert, ts: dt.datetime,
                       when: dt.datetime) -> list[AlertEvent]:
         sent = self._sent(tx, alert.id)
-        repeat_s = self.config.repeat_interval_s
         out = []
         for cfg in self._sink_cfgs():
+            repeat_s = (cfg.repeat_interval_s if cfg.repeat_interval_s is not None
+                        else self.config.repeat_interval_s)
             last = sent.get(cfg.name)
             if last is not None and (repeat_s is None
                                      or (when - last).total_seconds() < repeat_s):

@@ -10,7 +10,10 @@ restart). A sink that must sign at send time (the HMAC sink: its timestamp must 
 for the receiver's replay window) also has ``sign(headers, body, now) -> headers``, which
 the outbox calls just before each attempt.
 
-Kinds: ``AlertmanagerSink`` (webhook_config JSON, version "4"), ``SlackSink`` (incoming
+Kinds: ``AlertmanagerSink`` (webhook_config JSON, version "4": what Alertmanager sends its
+receivers), ``AlertmanagerApiSink`` (API v2 ``POST /api/v2/alerts``: fleetcare's alerts
+pushed into Alertmanager, so its routing, grouping, inhibition and silences apply; it
+adds its credentials at send time, so they are never stored), ``SlackSink`` (incoming
 webhook: text + Block Kit blocks), ``PagerDutySink`` (Events API v2 enqueue, trigger /
 resolve with dedup_key), ``HmacSink`` (fleetcare JSON signed with HMAC-SHA256; receivers
 check it with ``verify_signature``).
@@ -18,11 +21,13 @@ check it with ``verify_signature``).
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import fnmatch
 import hashlib
 import hmac
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
@@ -159,6 +164,77 @@ class AlertmanagerSink:
             "truncatedAlerts": 0,
         }
         return self.url, _base_headers(), dumps(payload)
+
+
+# -- Alertmanager API v2 ------------------------------------------------------------------------
+ALERTMANAGER_API_PATH = "/api/v2/alerts"
+_LABEL_NAME = re.compile(r"[^a-zA-Z0-9_]")
+
+
+def label_name(key: str) -> str:
+    """A node label's key as a Prometheus label name (``rack-id`` -> ``rack_id``)."""
+    name = _LABEL_NAME.sub("_", key)
+    return "_" + name if not name or name[0].isdigit() else name
+
+
+@dataclass(frozen=True)
+class AlertmanagerApiSink:
+    """Alertmanager API v2: ``POST {url}/api/v2/alerts`` with one postable alert.
+
+    Labels (the alert's identity in Alertmanager, stable over its life): ``alertname``,
+    ``node``, ``severity`` (this sink's), and the node's labels (``partition``, ``rack``,
+    ...; keys made valid label names). Annotations: summary with the risk, the reasons,
+    risk, peak risk, threshold, the fleetcare alert id, model id and riskiest GPU.
+    ``startsAt`` is when it fired and ``generatorURL`` the node's page. A firing alert
+    has no ``endsAt``: Alertmanager keeps it for its ``resolve_timeout`` and fleetcare
+    re-sends it every ``repeat_interval`` (1 min); the resolved one carries
+    ``endsAt`` = when fleetcare resolved it.
+
+    ``password`` with ``username`` is HTTP basic auth, ``password`` alone a bearer token
+    (Alertmanager's ``--web.config.file`` or a proxy in front of it); both are added by
+    ``sign`` at each attempt, never stored in the outbox.
+    """
+
+    name: str
+    url: str
+    severity: str = "warning"
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    @property
+    def endpoint(self) -> str:
+        base = self.url.rstrip("/")
+        return base if base.endswith(ALERTMANAGER_API_PATH) else base + ALERTMANAGER_API_PATH
+
+    def labels(self, event: AlertEvent) -> dict[str, str]:
+        extra = {label_name(k): str(v) for k, v in event.labels.items() if str(v)}
+        return {**extra, "alertname": ALERTNAME, "node": event.node,
+                "severity": self.severity}
+
+    def render(self, event: AlertEvent) -> tuple[str, dict[str, str], bytes]:
+        annotations = {"summary": summary(event),
+                       "description": "; ".join(event.reasons) or "no reasons recorded",
+                       "risk": f"{event.risk:.4f}", "peak_risk": f"{event.peak_risk:.4f}",
+                       "threshold": f"{event.threshold:.4f}", "alert_id": event.alert_id}
+        if event.model_id:
+            annotations["model_id"] = event.model_id
+        if event.top_gpu_uuid:
+            annotations["top_gpu_uuid"] = event.top_gpu_uuid
+        alert: dict[str, Any] = {"labels": self.labels(event), "annotations": annotations,
+                                 "startsAt": rfc3339(event.fired_at),
+                                 "generatorURL": event.node_url}
+        if event.status == "resolved":
+            alert["endsAt"] = rfc3339(event.resolved_at)
+        return self.endpoint, _base_headers(), dumps([alert])
+
+    def sign(self, headers: Mapping[str, str], body: bytes, now: float) -> dict[str, str]:
+        """The credentials, added just before each attempt."""
+        if not self.password:
+            return dict(headers)
+        if self.username:
+            token = base64.b64encode(f"{self.username}:{self.password}".encode()).decode()
+            return {**headers, "Authorization": f"Basic {token}"}
+        return {**headers, "Authorization": f"Bearer {self.password}"}
 
 
 # -- Slack ---------------------------------------------------------------------------------------
@@ -326,6 +402,10 @@ def build(cfg: SinkConfig) -> Sink:
     url = cfg.url.reveal()
     if cfg.kind == "alertmanager":
         return AlertmanagerSink(cfg.name, url, cfg.receiver or cfg.name)
+    if cfg.kind == "alertmanager-api":
+        return AlertmanagerApiSink(cfg.name, url,
+                                   "warning" if cfg.severity == "auto" else cfg.severity,
+                                   cfg.username, cfg.secret.reveal() if cfg.secret else None)
     if cfg.kind == "slack":
         return SlackSink(cfg.name, url)
     if cfg.kind == "pagerduty":
