@@ -108,8 +108,10 @@ def test_serve_on_a_port_in_use(dbs: dict[str, Path]) -> None:
 
 def test_quarantine_list_into_head_ends_quietly(dbs: dict[str, Path]) -> None:
     """Was: BrokenPipeError tracebacks once `head` had its lines."""
-    proc = subprocess.Popen([*FLEETCARE, "quarantine", "list", "--db", str(dbs["quarantine"])],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # all 3000 rows: far more than a pipe buffer holds, so the command is still writing when
+    # the reader goes (with the default 100 rows it could finish first and exit 0: a race)
+    proc = subprocess.Popen([*FLEETCARE, "quarantine", "list", "--db", str(dbs["quarantine"]),
+                             "--limit", "3000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     assert proc.stdout is not None and proc.stderr is not None
     first = proc.stdout.readline()
     proc.stdout.close()  # what `head -1` does

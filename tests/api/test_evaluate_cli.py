@@ -25,14 +25,14 @@ def fleets(tmp_path_factory):
     return a, b
 
 
-def _check_contract(out):
+def _check_contract(out, test_scale="20"):
     assert out["simulated"] is True
     assert METHOD <= set(out["model"])
     # what every figure stands on (issue 12): the fleet, its data and its failures
     f = out["fleet"]
     assert f["failures"] == out["model"]["n_failures"] == out["test_period"]["failures"]
     assert 0 <= f["failures_with_precursors"] <= f["failures"] and f["nodes"] > 0
-    assert f["simulation"] and "failure_scale=20" in f["simulation"][0]
+    assert f["simulation"] and f"failure_scale={test_scale}" in f["simulation"][0]
     m = out["model"]
     if m["n_failures"]:
         lo, hi = m["recall_ci95"]
@@ -73,7 +73,7 @@ def test_evaluate_cross_fleet(fleets, capsys):
     assert main(["evaluate", "--train-db", a, "--test-db", b, "--json",
                  "--job-gpus", "1024", "--drain-cost", "16"]) == 0
     out = json.loads(capsys.readouterr().out)
-    _check_contract(out)
+    _check_contract(out, test_scale="40")
     assert out["setting"].startswith("cross-fleet")
     assert out["goodput"]["cost_model"]["drain_cost_gpu_h"] == 16.0
 
