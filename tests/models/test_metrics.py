@@ -102,6 +102,9 @@ def test_node_metrics_exact():
     assert (m["false_drains"], m["false_drains_allowed"]) == (0, 0)
     assert m["false_drains_per_1000_node_days"] == 0.0
     assert m["strictest_false_drains"] == 1
+    # 0 of 2 detected still has an interval (was None: evaluate's report broke on it)
+    assert m["detected"] == 0 and m["recall_ci95"] == M.wilson(0, 2)
+    assert m["recall_ci95"][0] == 0.0 < m["recall_ci95"][1]
 
 
 def test_undefined_metrics_are_null_not_nan():

@@ -291,6 +291,7 @@ def metrics_at(res: AlarmResult | None, ts: np.ndarray, node: np.ndarray, risk: 
         out["recall_by_mode"] = {m: (0.0 if n_fail else None) for m in modes}
         if n_fail:
             out["recall_at_budget"] = 0.0
+            out["recall_ci95"] = wilson(0, n_fail)
         finite = np.asarray(risk, dtype=np.float64)
         finite = finite[np.isfinite(finite)]
         if len(finite) and node_days > 0:
@@ -313,8 +314,6 @@ def metrics_at(res: AlarmResult | None, ts: np.ndarray, node: np.ndarray, risk: 
         hits = [d for f, d in zip(failures, res.detected, strict=True) if f.mode == m]
         out["recall_by_mode"][m] = json_float(sum(hits) / len(hits))
         out["detected_by_mode"][m] = [int(sum(hits)), len(hits)]
-    if n_fail and res is not None:
-        out["recall_ci95"] = wilson(int(sum(res.detected)), n_fail)
     return out
 
 
