@@ -52,19 +52,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def seed_model(db: Path) -> None:
-    from fleetcare.models import registry
-    from fleetcare.models.model import FailureModel
-    from fleetcare.pipeline.features import FEATURE_NAMES
-    from fleetcare.pipeline.store import Store
-
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(2000, len(FEATURE_NAMES)))
-    with Store(db) as store:
-        registry.save(store, FailureModel(n_estimators=50).fit(
-            X, X[:, 0] > 2.0, feature_names=list(FEATURE_NAMES)), make_current=True)
-
-
 class Fleet:
     """The simulated fleet as the agent sees it, sending one tick at a time."""
 
@@ -133,7 +120,6 @@ def backlog(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     samples, end = fleet.samples, end_offsets(args.bus, prefix)
 
     db, group = tmp / "backlog.duckdb", f"{prefix}serve"
-    seed_model(db)
     serve = start_serve(db, args, prefix, group, _free_port(), tmp / "serve-backlog.log")
     first = last = None
     try:
@@ -164,7 +150,6 @@ def backlog(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def live(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     prefix = f"bench-serve-{uuid.uuid4().hex[:8]}."
     db, group, port = tmp / "live.duckdb", f"{prefix}serve", _free_port()
-    seed_model(db)
     fleet = Fleet(args.bus, prefix, args.gpus // 8, tmp / "spool-live")
     fleet.tick(dt.datetime.now(dt.UTC))  # creates the topics before serve joins
     serve = start_serve(db, args, prefix, group, port, tmp / "serve-live.log")

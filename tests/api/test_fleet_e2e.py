@@ -27,16 +27,11 @@ from pathlib import Path
 
 import duckdb
 import httpx
-import numpy as np
 import pytest
 
 from fleetcare.collectors.contract import decode_batch
 from fleetcare.collectors.transport import TELEMETRY_TOPIC
 from fleetcare.collectors.transport.kafka import KafkaConsumerSource
-from fleetcare.models import registry
-from fleetcare.models.model import FailureModel
-from fleetcare.pipeline.features import FEATURE_NAMES
-from fleetcare.pipeline.store import Store
 from tests.collectors.test_kafka_bus import URL, kafka_broker  # noqa: F401  (session fixture)
 from tests.pipeline.test_ingest_worker import committed, sigkill
 
@@ -51,16 +46,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def seed_model(db: Path) -> None:
-    """A state DB with a current model of the fleet's features (its quality is not what
-    these tests look at; issue 12 ships a fleet prior for this)."""
-    rng = np.random.default_rng(0)
-    X = rng.normal(size=(600, len(FEATURE_NAMES)))
-    with Store(db) as store:
-        registry.save(store, FailureModel(n_estimators=5).fit(
-            X, X[:, 0] > 1.5, feature_names=list(FEATURE_NAMES)), make_current=True)
 
 
 class Fleet:
@@ -109,7 +94,6 @@ class Fleet:
 @pytest.fixture
 def fleet(tmp_path: Path, kafka_broker: str):  # noqa: F811
     f = Fleet(tmp_path)
-    seed_model(tmp_path / "state.duckdb")
     yield f
     f.stop_all()
 
@@ -197,6 +181,9 @@ def test_agents_kafka_serve_one_host_survives_sigkill(fleet: Fleet) -> None:
     source = ("--bus", URL, "--group", fleet.group, "--topic-prefix", fleet.prefix)
     serve = fleet.serve(*source)
     wait_fresh(fleet, serve)
+    # a new state DB scores at once with the shipped fleet prior (issue 12), and says so
+    model = httpx.get(f"http://127.0.0.1:{fleet.port}/v1/model", timeout=5).json()
+    assert model["origin"] == "prior" and model["model_id"].startswith("prior-"), model
     time.sleep(3)
     sigkill(serve)                                  # mid-stream: rows landed, offsets not all
     serve = fleet.serve(*source)
