@@ -155,7 +155,7 @@ async def _auth_error(request: Request) -> Response | None:
     except HTTPException as exc:
         return await http_exception_handler(request, exc)
     except web.SignInRequired:
-        return web.sign_in_page(request)
+        return web.sign_in_response(request)
     return None
 
 

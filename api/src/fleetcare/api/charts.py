@@ -60,8 +60,8 @@ def line_chart(gpu: Sequence[dict[str, Any]], median: Sequence[dict[str, Any]], 
               if p.get("v") is not None and math.isfinite(p["v"])]
     t0, t1 = _t(since), max(_t(until), _t(since) + 3600)
     lo = min([0.0, *values])
-    hi = max([lo + 1e-9, *values])
-    if hi - lo < 1e-9:
+    hi = max([lo, *values])
+    if hi - lo < 1e-6:  # flat (all 0: no error at all): a 0..1 axis
         hi = lo + 1
     pad = (hi - lo) * 0.08
     hi += pad
@@ -81,8 +81,8 @@ def line_chart(gpu: Sequence[dict[str, Any]], median: Sequence[dict[str, Any]], 
     day = dt.datetime.fromtimestamp(t0, dt.UTC).replace(hour=0, minute=0, second=0,
                                                          microsecond=0)
     while day.timestamp() <= t1:
-        if day.timestamp() >= t0:
-            px = x(day.timestamp())
+        px = x(day.timestamp())
+        if day.timestamp() >= t0 and px <= W - RIGHT - 18:  # room for the label
             days += (f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{TOP}" y2="{H - BOTTOM}" '
                      f'class="grid"/><text x="{px:.1f}" y="{H - 8}" text-anchor="middle">'
                      f"{day:%b %d}</text>")

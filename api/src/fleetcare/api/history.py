@@ -55,7 +55,7 @@ SIGNALS: tuple[Signal, ...] = (
     Signal("retired_pages", "Retired pages", "pages/h",
            _sum("h.retired_pages_sbe_inc", "h.retired_pages_dbe_inc"), ("retire", "page")),
     Signal("ecc_corrected", "Corrected ECC errors", "errors/h",
-           "h.ecc_corrected_volatile_inc", ("ecc", "sbe", "single-bit", "hbm")),
+           "h.ecc_corrected_volatile_inc", ("ecc", "sbe", "single-bit")),
     Signal("pcie_replay", "PCIe replays", "replays/h", "h.pcie_replay_count_inc",
            ("pcie replay", "replay count")),
     Signal("pcie_downtrained", "PCIe link downtrained", "% of samples",
@@ -84,8 +84,13 @@ DEFAULT_SIGNALS = ("ecc_corrected", "remapped_rows", "xid", "pcie_replay", "nvli
 
 def signals_for_reason(reason: str) -> Signal | None:
     """The signal a reason sentence is about, or None (a node-level reason: repairs,
-    incidents, ...)."""
+    incidents, ...). Only what precedes the comparison with the fleet is read: the GPU
+    model named there ("H100 80GB HBM3") says nothing about the signal."""
     text = reason.lower()
+    for cut in ("fleet median", "the fleet"):
+        text = text.split(cut, 1)[0]
+    if ":" in text[:12]:  # "GPU 5: ..."
+        text = text.split(":", 1)[1]
     for s in SIGNALS:
         if any(w in text for w in s.words):
             return s

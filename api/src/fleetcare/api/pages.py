@@ -177,7 +177,7 @@ def models(items: list[dict[str, Any]], current: dict[str, Any] | None, *, simul
                      signed_in=signed_in)
 
 
-def sign_in(*, error: str | None, version: str) -> str:
+def sign_in(*, error: str | None, version: str, next_page: str = "/") -> str:
     """The sign-in form (``POST /login``, field ``token``)."""
     err = f'<p class="error" role="alert">{escape(error)}</p>' if error else ""
     body = (
@@ -189,5 +189,6 @@ def sign_in(*, error: str | None, version: str) -> str:
         f'{err}<p><label for="token">Token</label><br>'
         '<input type="password" id="token" name="token" autocomplete="off" required '
         'maxlength="256" placeholder="fc_…"></p>'
+        f'<input type="hidden" name="next" value="{escape(next_page)}">'
         '<button type="submit">Sign in</button></form>')
     return html.page("sign in", body, simulated=False, version=version, signed_in=False)

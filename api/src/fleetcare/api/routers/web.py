@@ -3,15 +3,17 @@ the model registry (HTML; scope ``read``).
 
 A browser signs in with an API token through the form (``POST /login``) and then carries
 a session cookie (``fleetcare.api.sessions``); a client that sends a bearer token is let
-in as on ``/v1`` routes. Without either, a page answers 401 with the sign-in form. With
-``auth=False`` (loopback only) there is nothing to sign in to.
+in as on ``/v1`` routes. Without either, a browser's page load (``Accept: text/html``) is
+sent to the form (303 to ``/login?next=PAGE``, and back to PAGE once signed in); any other
+client gets 401 with the form. With ``auth=False`` (loopback only) there is nothing to
+sign in to.
 """
 
 from __future__ import annotations
 
 import logging
 from typing import Annotated
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlencode
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -55,12 +57,14 @@ page_user.scope = "read"  # type: ignore[attr-defined]  # for app._route_scope
 PageUser = Annotated[_auth.TokenInfo | None, Depends(page_user)]
 
 
-def sign_in_page(request: Request, error: str | None = None, status: int = 401) -> HTMLResponse:
+def sign_in_page(request: Request, error: str | None = None, status: int = 401,
+                 next_page: str = "/") -> HTMLResponse:
     ctx: AppContext = request.app.state.ctx
     headers = {"Cache-Control": "no-store"}
     if status == 401:  # RFC 9110: a 401 names its scheme (browsers ask nothing for Bearer)
         headers["WWW-Authenticate"] = "Bearer"
-    return HTMLResponse(pages.sign_in(error=error, version=ctx.version), status_code=status,
+    return HTMLResponse(pages.sign_in(error=error, version=ctx.version, next_page=next_page),
+                        status_code=status,
                         headers=headers)
 
 
@@ -168,27 +172,41 @@ def models_page(request: Request, cur: Cur, ctx: Ctx, user: PageUser) -> HTMLRes
 
 
 @router.get("/login", response_class=HTMLResponse, include_in_schema=False)
-def login_form(request: Request) -> HTMLResponse:
-    return sign_in_page(request, status=200)
+def login_form(
+    request: Request,
+    next: Annotated[str | None, Query(max_length=2048)] = None,  # noqa: A002
+) -> HTMLResponse:
+    return sign_in_page(request, status=200, next_page=_next(next))
+
+
+@router.get("/favicon.ico", include_in_schema=False)
+def favicon() -> Response:
+    """No icon (a browser asks for one on every site; a 404 would be a console error)."""
+    return Response(status_code=204)
 
 
 @router.post("/login", include_in_schema=False)
 async def login(request: Request) -> Response:
     """Sign in: the form's ``token`` (scope read or above) becomes a session cookie."""
     raw = (await request.body()).decode("utf-8", "replace")
-    token = (parse_qs(raw, max_num_fields=8).get("token") or [""])[0].strip()
+    try:
+        form = parse_qs(raw, max_num_fields=8)
+    except ValueError:
+        form = {}
+    token = (form.get("token") or [""])[0].strip()
+    target = _next((form.get("next") or ["/"])[0])
     if not request.app.state.auth:
-        return RedirectResponse("/", status_code=303)
+        return RedirectResponse(target, status_code=303)
     if not token or len(token) > MAX_TOKEN_CHARS:
         return sign_in_page(request, "Paste a token (fc_…, at most "
-                            f"{MAX_TOKEN_CHARS} characters) to sign in.")
+                            f"{MAX_TOKEN_CHARS} characters) to sign in.", next_page=target)
     sid = await run_in_threadpool(_start_session, request, token)
     if sid is None:
         return sign_in_page(request, "That token is not valid (mistyped, revoked or from "
                             "another database): list tokens with `fleetcare tokens list "
                             "--db PATH`, create one with `fleetcare tokens create --scope "
-                            "read --db PATH`.")
-    response = RedirectResponse("/", status_code=303)
+                            "read --db PATH`.", next_page=target)
+    response = RedirectResponse(target, status_code=303)
     response.headers["Set-Cookie"] = sessions.cookie_header(
         sid, secure=request.url.scheme == "https")
     return response
@@ -220,7 +238,24 @@ def logout(request: Request, cur: Cur) -> Response:
 
 
 def sign_in_handler(request: Request, exc: Exception) -> Response:
-    """``SignInRequired`` → the sign-in form, 401."""
+    """``SignInRequired`` → a browser to the sign-in form, anyone else 401 with it (a
+    browser would log the 401 of the page it shows as a console error)."""
+    return sign_in_response(request)
+
+
+def sign_in_response(request: Request) -> Response:
+    if request.method == "GET" and "text/html" in request.headers.get("accept", ""):
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return RedirectResponse(f"/login?{urlencode({'next': target})}", status_code=303,
+                                headers={"Cache-Control": "no-store"})
     return sign_in_page(request)
+
+
+def _next(raw: str | None) -> str:
+    """Where to go once signed in: a path of this site only (never another host)."""
+    if (not raw or not raw.startswith("/") or raw.startswith("//") or "\\" in raw
+            or len(raw) > 2048 or any(ord(c) < 32 or ord(c) == 127 for c in raw)):
+        return "/"
+    return raw
 
 
