@@ -19,7 +19,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 
 from fleetcare.api import auth
-from fleetcare.api.app import bound_port, create_app, start_server_thread
+from fleetcare.api.app import create_app
+from fleetcare.api.server import bound_port, start_server_thread
 from fleetcare.collectors.contract import GpuSample
 from fleetcare.models import registry, scoring
 from fleetcare.pipeline.store import Store
@@ -69,7 +70,7 @@ def live_api(tmp_path_factory: Any) -> Iterator[tuple[str, str]]:
     token, _ = auth.create_token(store.cursor(), "admin", name="schemathesis")
     app = create_app(store)  # auth on; creates the API's tables
     _fill(store)
-    server, thread = start_server_thread(store, app=app)
+    server, thread = start_server_thread(app)
     yield f"http://127.0.0.1:{bound_port(server)}", token
     server.should_exit = True
     thread.join(10)

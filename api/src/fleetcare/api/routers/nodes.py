@@ -70,9 +70,13 @@ def node_history(
     signal for the GPU's model (the series the node page charts). From the hourly
     rollups; an hour without samples has no point."""
     try:
-        wanted = history.parse_signals(signals)
         since_utc = None if since is None else (
             since.astimezone(dt.UTC).replace(tzinfo=None) if since.tzinfo else since)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+14:00: before year 1 in UTC
+        raise invalid(["query", "since"], "since is out of range: give a time after year 1",
+                      str(since)) from None
+    try:
+        wanted = history.parse_signals(signals)
         tables = queries.existing_tables(cur)
         out = history.node_history(cur, tables, node, wanted, since=since_utc, gpu=gpu)
     except history.HistoryError as exc:
