@@ -57,7 +57,8 @@ def quality(metrics: dict[str, Any] | None) -> str:
     metrics = metrics or {}
     if not any(k in metrics for k, _ in QUALITY):
         return '<p class="muted">No held-out metrics recorded for this model.</p>'
-    baselines = metrics.get("baselines") if isinstance(metrics.get("baselines"), dict) else {}
+    found = metrics.get("baselines")
+    baselines: dict[str, Any] = found if isinstance(found, dict) else {}
     head = ["Held-out (test period)", "fleetcare", *(escape(str(b)) for b in baselines)]
     rows = []
     for key, label in QUALITY:

@@ -136,7 +136,8 @@ def _xid_join(tables: set[str], since: dt.datetime,
     bus: a kernel-log XID may carry only the bus), and the join's parameters."""
     if "xid_events" not in tables:
         return "LEFT JOIN (SELECT NULL::BIGINT AS xids) x ON FALSE", []
-    cond, params = "ts >= ?", [since]
+    cond: str = "ts >= ?"
+    params: list[Any] = [since]
     if node is not None:
         cond, params = cond + " AND node = ?", [since, node]
     return (f"LEFT JOIN (SELECT node, date_trunc('hour', ts) AS hour, gpu_uuid, pci_bus_id, "

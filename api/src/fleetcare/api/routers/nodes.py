@@ -30,6 +30,7 @@ from fleetcare.api.schemas import (
 )
 
 router = APIRouter()
+_NAMES = "|".join(s.name for s in history.SIGNALS)
 _UNKNOWN_NODE = "node {node!r} is not known to fleetcare: check the name in GET /v1/risk"
 
 
@@ -56,7 +57,7 @@ def node_history(
     cur: Cur,
     ctx: Ctx,
     signals: Annotated[str | None, Query(
-        min_length=1, max_length=512, pattern=r"^[a-z0-9_]+(,[a-z0-9_]+)*$",
+        min_length=1, max_length=512, pattern=f"^({_NAMES})(,({_NAMES}))*$",
         description="Comma-separated signal names (default: all): "
         + ", ".join(s.name for s in history.SIGNALS) + ".")] = None,
     since: Annotated[dt.datetime | None, Query(
