@@ -277,3 +277,29 @@ def test_parse_signals_names_the_known_ones():
                        "ecc_uncorrected, remapped_rows") as err:
         history.parse_signals("xid,bogus")
     assert (err.value.field, err.value.value) == ("signals", "xid,bogus")
+
+
+def test_overview_counts_drains_held_overdue_and_dry_run(store, client):
+    from fleetcare.api.drains import audit
+
+    audit.ensure_schema(store)
+    t = dt.datetime(2026, 3, 1, 11, 0)  # the client's clock is 2026-03-01 12:01:30
+    store.con.execute("INSERT INTO drains (node, drained_at, review_at, risk, reason, "
+                      "scheduler) VALUES ('n1', ?, ?, 0.9, 'HBM', 'slurm'), "
+                      "('n2', ?, ?, 0.8, 'NVLink', 'slurm')",
+                      [t, t + dt.timedelta(minutes=30), t, t + dt.timedelta(hours=4)]
+                      ).fetchall()
+    for node, dry in (("n3", True), ("n4", True), ("n3", True), ("n1", False)):
+        store.con.execute("INSERT INTO drain_audit VALUES (?, ?, 'drain', 'controller', "
+                          "'r', 0.9, ?, 'ok')", [t, node, dry]).fetchall()
+    page = client.get("/").text
+    assert ("<b>2</b><a href=\"/drains\">drains held</a> (1 overdue for review; 2 node(s) "
+            "a dry run would drain)") in page
+    from fleetcare.models.goodput import CostModel
+
+    cost = CostModel()
+    saved = sum(cost.expected_saving_gpu_h(r) - cost.drain_cost_gpu_h for r in (0.9, 0.8))
+    assert f"<b>{saved:,.0f}</b>GPU-hours expected saved by 2 drain(s)" in page
+    drains = client.get("/drains").text
+    assert "2 drain(s) held, 1 past their review time." in drains
+    assert drains.count("(dry run)") == 3

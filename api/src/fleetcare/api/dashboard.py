@@ -36,6 +36,7 @@ class Overview:
     firing: list[dict[str, Any]] = field(default_factory=list)
     drains_held: int = 0
     drains_overdue: int = 0
+    drains_dry_run: int = 0
     goodput: dict[str, Any] | None = None
     telemetry_at: str | None = None
     telemetry_age_s: float | None = None
@@ -89,9 +90,10 @@ def _cards(o: Overview) -> str:
     cards.append(f'<div class="card{" high" if firing else ""}"><b>{firing}</b>'
                  f'<a href="/alerts">alerts firing</a> ({o.alerts_open.get("pending", 0)} '
                  "pending)</div>")
+    dry = (f"; {o.drains_dry_run} node(s) a dry run would drain" if o.drains_dry_run else "")
     cards.append(f'<div class="card{" mid" if o.drains_overdue else ""}"><b>{o.drains_held}'
                  f'</b><a href="/drains">drains held</a> ({o.drains_overdue} overdue for '
-                 "review)</div>")
+                 f"review{dry})</div>")
     if o.goodput is not None:
         cards.append(f'<div class="card low"><b>{o.goodput["net_saved_gpu_h"]:,.0f}</b>'
                      f'GPU-hours expected saved by {o.goodput["drains"]} drain(s)</div>')

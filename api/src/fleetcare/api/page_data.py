@@ -125,3 +125,13 @@ def overdue_drains(cur: Cursor, tables: set[str], now: dt.datetime) -> int:
         return 0
     return int(cur.execute("SELECT count(*) FROM drains WHERE resumed_at IS NULL AND "  # type: ignore[index]
                            "review_at <= ?", [now]).fetchone()[0])
+
+
+def dry_run_drains(cur: Cursor, tables: set[str]) -> int:
+    """Nodes a dry-run drain controller would have drained in the 24 h before its newest
+    audit row (a dry run holds no drain, so ``drains`` does not show them)."""
+    if "drain_audit" not in tables:
+        return 0
+    return int(cur.execute(  # type: ignore[index]
+        "SELECT count(DISTINCT node) FROM drain_audit WHERE dry_run AND action = 'drain' "
+        "AND ts >= (SELECT max(ts) FROM drain_audit) - INTERVAL 24 HOUR").fetchone()[0])

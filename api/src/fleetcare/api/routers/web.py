@@ -108,6 +108,7 @@ def home(
         firing=queries.alerts(cur, tables, state="firing", limit=20),
         drains_held=sum(int(n) for _, n in drains["held"]),
         drains_overdue=int(drains["overdue"]),
+        drains_dry_run=page_data.dry_run_drains(cur, tables),
         goodput=page_data.drains_goodput(cur, tables),
         telemetry_at=queries.iso_z(telemetry),
         telemetry_age_s=ctx.age_s(telemetry),
