@@ -303,3 +303,12 @@ def test_overview_counts_drains_held_overdue_and_dry_run(store, client):
     drains = client.get("/drains").text
     assert "2 drain(s) held, 1 past their review time." in drains
     assert drains.count("(dry run)") == 3
+
+
+def test_overview_links_each_node_to_its_page(fleet, client):
+    fleet.node_score("node-<b>", 0.42, reasons=["HBM errors & <rising>"])
+    page = client.get("/").text
+    assert '<a href="/nodes/node-%3Cb%3E">node-&lt;b&gt;</a>' in page
+    node = client.get("/nodes/node-%3Cb%3E")
+    assert node.status_code == 200 and "fleetcare: node node-&lt;b&gt;" in node.text
+    assert "HBM errors &amp; &lt;rising&gt;" in node.text
