@@ -19,11 +19,13 @@ demo: install
 
 # The suite talks to real services: a Kafka broker, a Slurm cluster (slurmctld and
 # four slurmd on this host, Debian's packages) and a Prometheus server (Debian's
-# package; each test module runs its own instance on loopback).
+# package; each test module runs its own instance on loopback), and a headless chromium
+# (Debian's, driven by Selenium through chromium-driver) for the dashboard's browser test.
 test: install
 	deploy/kafka/start.sh
 	sh deploy/slurm/start.sh
 	sh deploy/prometheus/install.sh
+	sh deploy/browser/install.sh
 	$(BIN)/python -m pytest -q
 
 test-fast: install

@@ -32,7 +32,8 @@ import numpy as np
 from _common import report
 
 from fleetcare.api import auth
-from fleetcare.api.app import bound_port, create_app, start_server_thread
+from fleetcare.api.app import create_app
+from fleetcare.api.server import bound_port, start_server_thread
 from fleetcare.collectors.sim import FleetSpec, simulate_incidents
 from fleetcare.collectors.sim.telemetry import FleetSimulator
 from fleetcare.models.scoring import DDL as SCORE_DDL
@@ -167,7 +168,7 @@ def main() -> None:
         setup_s = time.perf_counter() - t0
 
         token, _ = auth.create_token(store.cursor(), "read", name="bench")
-        server, thread = start_server_thread(store, app=create_app(store))
+        server, thread = start_server_thread(create_app(store))
         base = f"http://127.0.0.1:{bound_port(server)}"
 
         stop = threading.Event()

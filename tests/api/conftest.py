@@ -14,7 +14,8 @@ from typing import Any
 import httpx
 import pytest
 
-from fleetcare.api.app import bound_port, create_app, start_server_thread
+from fleetcare.api.app import create_app
+from fleetcare.api.server import bound_port, start_server_thread
 from fleetcare.models import registry, scoring
 from fleetcare.pipeline.store import Store
 
@@ -54,7 +55,7 @@ def serve_app() -> Iterator[Callable[..., httpx.Client]]:
 
     def start(store: Store, **kwargs: Any) -> httpx.Client:
         kwargs.setdefault("auth", False)
-        server, thread = start_server_thread(store, app=create_app(store, **kwargs))
+        server, thread = start_server_thread(create_app(store, **kwargs))
         client = httpx.Client(base_url=f"http://127.0.0.1:{bound_port(server)}", timeout=10)
         running.append((server, thread, client))
         return client

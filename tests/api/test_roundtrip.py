@@ -21,7 +21,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fleetcare.api.app import bound_port, create_app, start_server_thread
+from fleetcare.api.app import create_app
+from fleetcare.api.server import bound_port, start_server_thread
 from fleetcare.collectors.contract import (
     SCHEMA_VERSION,
     Batch,
@@ -65,7 +66,7 @@ def _sample_strategy() -> st.SearchStrategy[GpuSample]:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("roundtrip") / "fleet.duckdb")
-    server, thread = start_server_thread(store, app=create_app(store, auth=False))
+    server, thread = start_server_thread(create_app(store, auth=False))
     client = httpx.Client(base_url=f"http://127.0.0.1:{bound_port(server)}", timeout=10)
     yield store, client
     client.close()

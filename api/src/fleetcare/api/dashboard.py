@@ -1,62 +1,49 @@
-"""The web dashboard: one self-contained HTML page (no external JS, CSS or fonts, the
-service may run on an offline cluster), rendered on the server and refreshed by the
-browser every ``REFRESH_S`` seconds.
+"""The dashboard's overview page (``GET /``): the fleet by risk band, alerts firing, drains
+held and overdue, the model in use and its held-out quality, goodput the drains are
+expected to have saved, data freshness, and the nodes ranked by risk, each linking to its
+page. Rendered on the server (``fleetcare.api.html``), refreshed by the browser every
+``REFRESH_S`` seconds.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from html import escape
 from typing import Any
-from urllib.parse import quote
+
+from fleetcare.api import html
 
 REFRESH_S = 30
-
-_CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0;color:#1b1f24;
-background:#f6f7f9}
-header{padding:14px 24px;background:#1b1f24;color:#fff}
-header h1{margin:0;font-size:20px}
-header p{margin:4px 0 0;color:#b8c0cc;font-size:13px}
-.sim{background:#b42318;color:#fff;font-weight:700;text-align:center;padding:10px;
-letter-spacing:.08em}
-main{padding:16px 24px}
-table{border-collapse:collapse;width:100%;background:#fff;font-size:14px}
-th,td{padding:8px 10px;border-bottom:1px solid #e4e7ec;text-align:left;vertical-align:top}
-th{background:#eef0f3;font-weight:600}
-td.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
-.bar{display:inline-block;height:10px;background:#d92d20;vertical-align:middle;
-margin-right:6px}
-.low .bar{background:#12b76a}.mid .bar{background:#f79009}
-ul{margin:0;padding-left:18px}
-.muted{color:#667085}
-a{color:#175cd3;text-decoration:none}
-"""
+QUALITY = (("pr_auc", "PR-AUC"), ("recall_at_budget", "recall at the drain budget"),
+           ("false_drains_per_1000_node_days", "false drains per 1000 node-days"),
+           ("median_lead_time_h", "median lead time (h)"))
+"""The held-out metrics shown for a model, in this order (``fleetcare.models.metrics``)."""
 
 
-def _risk_cell(risk: float | None) -> str:
-    if risk is None:
-        return '<td class="num muted">n/a</td>'
-    level = "high" if risk >= 0.5 else "mid" if risk >= 0.1 else "low"
-    width = max(1, round(risk * 80))
-    return (f'<td class="num {level}"><span class="bar" style="width:{width}px"></span>'
-            f"{risk * 100:.1f}%</td>")
+@dataclass
+class Overview:
+    """What the overview shows (the route gathers it; ``render`` draws it)."""
+
+    nodes: list[dict[str, Any]]
+    simulated: bool
+    scored_at: str | None
+    score_age_s: float | None
+    total_nodes: int
+    version: str
+    model: dict[str, Any] | None = None
+    bands: dict[str, int] = field(default_factory=dict)
+    alerts_open: dict[str, int] = field(default_factory=dict)
+    firing: list[dict[str, Any]] = field(default_factory=list)
+    drains_held: int = 0
+    drains_overdue: int = 0
+    drains_dry_run: int = 0
+    goodput: dict[str, Any] | None = None
+    telemetry_at: str | None = None
+    telemetry_age_s: float | None = None
+    signed_in: bool = False
 
 
-def _row(rank: int, n: dict[str, Any]) -> str:
-    reasons = "".join(f"<li>{escape(r)}</li>" for r in n["reasons"])
-    node = escape(n["node"])
-    link = f"/v1/nodes/{quote(n['node'], safe='')}"
-    return (
-        f'<tr><td class="num">{rank}</td><td><a href="{escape(link)}">{node}</a></td>'
-        f"{_risk_cell(n['risk'])}"
-        f"<td>{f'<ul>{reasons}</ul>' if reasons else '<span class=muted>none</span>'}</td>"
-        f"<td>{escape(n['top_gpu_uuid'] or '')}</td>"
-        f"<td class=\"num\">{escape(n['scored_at'])}</td>"
-        f"<td>{escape(n['model_id'] or '')}</td></tr>"
-    )
-
-
-def _model_line(model: dict[str, Any] | None) -> str:
+def model_line(model: dict[str, Any] | None) -> str:
     """Which model scores, and why (``queries.current_model``)."""
     if model is None:
         return "<p class=muted>No model scores yet.</p>"
@@ -66,38 +53,82 @@ def _model_line(model: dict[str, Any] | None) -> str:
     return (f"<p>Scoring with <b>{escape(model['model_id'])}</b>, {kind}{why}.</p>")
 
 
-def render(nodes: list[dict[str, Any]], *, simulated: bool, scored_at: str | None,
-           score_age_s: float | None, total_nodes: int, version: str,
-           model: dict[str, Any] | None = None) -> str:
-    """The page for ``nodes`` (``queries.ranked_nodes`` rows, highest risk first)."""
-    banner = (
-        '<div class="sim" role="alert">SIMULATED DATA: these nodes and failures come from '
-        "the fleetcare simulator, not from a real fleet</div>"
-        if simulated else ""
+def quality(metrics: dict[str, Any] | None) -> str:
+    """The model's held-out metrics, and the baselines' when the registry recorded them."""
+    metrics = metrics or {}
+    if not any(k in metrics for k, _ in QUALITY):
+        return '<p class="muted">No held-out metrics recorded for this model.</p>'
+    found = metrics.get("baselines")
+    baselines: dict[str, Any] = found if isinstance(found, dict) else {}
+    head = ["Held-out (test period)", "fleetcare", *(escape(str(b)) for b in baselines)]
+    rows = []
+    for key, label in QUALITY:
+        cells = "".join(f'<td class="num">{html.fmt(b.get(key) if isinstance(b, dict) else None)}'
+                        "</td>" for b in baselines.values())
+        rows.append(f'<tr><td>{label}</td><td class="num">{html.fmt(metrics.get(key))}</td>'
+                    f"{cells}</tr>")
+    note = ("" if baselines else '<p class="muted">The registry holds no baseline results '
+            "for this model: <code>fleetcare evaluate</code> compares it with the reactive "
+            "XID rules, DCGM thresholds and logistic regression.</p>")
+    return html.table(head, rows, "") + note
+
+
+def _row(rank: int, n: dict[str, Any]) -> str:
+    return (
+        f'<tr><td class="num">{rank}</td><td>{html.node_link(n["node"])}</td>'
+        f"{html.risk_cell(n['risk'])}<td>{html.reasons_list(n['reasons'])}</td>"
+        f"<td>{escape(n['top_gpu_uuid'] or '')}</td>"
+        f"<td class=\"num\">{escape(n['scored_at'] or '')}</td>"
+        f"<td>{escape(n['model_id'] or '')}</td></tr>"
     )
-    if scored_at is None:
-        status = "No scores yet: run <code>fleetcare train</code> and start the scorer."
+
+
+def _cards(o: Overview) -> str:
+    cards = [f'<div class="card {name}"><b>{o.bands.get(name, 0)}</b>risk {label}</div>'
+             for name, _, label in html.BANDS]
+    firing = o.alerts_open.get("firing", 0)
+    cards.append(f'<div class="card{" high" if firing else ""}"><b>{firing}</b>'
+                 f'<a href="/alerts">alerts firing</a> ({o.alerts_open.get("pending", 0)} '
+                 "pending)</div>")
+    dry = (f"; {o.drains_dry_run} node(s) a dry run would drain" if o.drains_dry_run else "")
+    cards.append(f'<div class="card{" mid" if o.drains_overdue else ""}"><b>{o.drains_held}'
+                 f'</b><a href="/drains">drains held</a> ({o.drains_overdue} overdue for '
+                 f"review{dry})</div>")
+    if o.goodput is not None:
+        cards.append(f'<div class="card low"><b>{o.goodput["net_saved_gpu_h"]:,.0f}</b>'
+                     f'GPU-hours expected saved by {o.goodput["drains"]} drain(s)</div>')
     else:
-        age = "" if score_age_s is None else f" ({score_age_s / 60:.0f} min ago)"
-        status = (f"{total_nodes} nodes scored; newest score {escape(scored_at)}{age}; "
-                  f"showing the top {len(nodes)}.")
-    rows = "".join(_row(i, n) for i, n in enumerate(nodes, 1))
-    table = (
-        "<table><thead><tr><th>#</th><th>Node</th><th>Failure risk</th><th>Reasons</th>"
-        "<th>Top GPU</th><th>Scored at (UTC)</th><th>Model</th></tr></thead>"
-        f"<tbody>{rows}</tbody></table>"
-        if nodes else ""
+        cards.append('<div class="card"><b>—</b>goodput saved: no drain made yet</div>')
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _freshness(o: Overview) -> str:
+    if o.scored_at is None:
+        return ("<p>No scores yet: run <code>fleetcare train</code> and start the scorer.</p>")
+    tel = (f"newest telemetry {html.when(o.telemetry_at)} ({html.ago(o.telemetry_age_s)})"
+           if o.telemetry_at else "no telemetry in the database")
+    return (f"<p>{o.total_nodes} nodes scored; newest score {html.when(o.scored_at)} "
+            f"({html.ago(o.score_age_s)}); {tel}; showing the top {len(o.nodes)}.</p>")
+
+
+def render(o: Overview) -> str:
+    """The overview page."""
+    firing = [f"<tr><td>{html.node_link(a['node'])}</td>{html.risk_cell(a['risk'])}"
+              f"<td>{html.when(a['fired_at'] or a['started_at'])}</td>"
+              f"<td>{html.reasons_list(a['reasons'])}</td></tr>" for a in o.firing]
+    rows = [_row(i, n) for i, n in enumerate(o.nodes, 1)]
+    body = (
+        f"{_cards(o)}<h2>Data freshness</h2>{_freshness(o)}"
+        f"<h2>Model</h2>{model_line(o.model)}"
+        f"{quality(o.model.get('metrics') if o.model else None)}"
+        + (f"<h2>Alerts firing</h2>{html.table(['Node', 'Risk', 'Since', 'Reasons'], firing, '')}"
+           if firing else "")
+        + "<h2>Nodes by risk</h2>"
+        + html.table(["#", "Node", "Failure risk", "Reasons", "Top GPU", "Scored at (UTC)",
+                      "Model"], rows, "No node is scored yet.")
     )
-    return f"""<!doctype html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="refresh" content="{REFRESH_S}">
-<meta name="viewport" content="width=device-width,initial-scale=1">
-<title>fleetcare: fleet risk</title><style>{_CSS}</style></head>
-<body>{banner}
-<header><h1>fleetcare: which nodes to drain</h1>
-<p>Nodes ranked by probability of a failure incident within the model horizon.
-Refreshes every {REFRESH_S} s. fleetcare {escape(version)} ·
-<a href="/docs">API</a> · <a href="/metrics">metrics</a></p></header>
-<main>{_model_line(model)}<p>{status}</p>{table}</main>
-</body></html>
-"""
+    return html.page(
+        "which nodes to drain", body, simulated=o.simulated, version=o.version,
+        signed_in=o.signed_in, refresh_s=REFRESH_S,
+        subtitle="Nodes ranked by probability of a failure incident within the model "
+                 f"horizon. Refreshes every {REFRESH_S} s.")

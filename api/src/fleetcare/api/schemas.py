@@ -103,6 +103,46 @@ class NodeDetail(BaseModel):
     gpus: list[GpuDetail] = Field(description="Every GPU of the node, by gpu_index.")
 
 
+class Point(BaseModel):
+    t: IsoTime = Field(description="The hour's start.")
+    v: float | None = Field(description="The signal's value for that hour (null: not "
+                            "reported, e.g. a counter the GPU does not support).")
+
+
+class SignalInfo(BaseModel):
+    name: str
+    label: str
+    unit: str
+
+
+class GpuHistory(BaseModel):
+    gpu_uuid: str
+    gpu_index: int | None
+    model: str | None
+    series: dict[str, list[Point]] = Field(description="Per signal name, hourly points.")
+
+
+class MedianHistory(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model: str = Field(description="The GPU model whose GPUs the median is over.")
+    series: dict[str, list[Point]] = Field(description="Per signal name, the hourly median "
+                                           "over every GPU of this model that reported.")
+
+
+class NodeHistory(BaseModel):
+    """The hourly history of a node's signals against the fleet median of its GPU model."""
+
+    node: str
+    since: IsoTime
+    until: IsoTime = Field(description="End of the newest hour (exclusive).")
+    step_s: int
+    simulated: bool
+    signals: list[SignalInfo]
+    gpus: list[GpuHistory]
+    fleet_median: list[MedianHistory]
+
+
 class GpuInfo(GpuDetail):
     """One GPU, found by UUID: its score, latest sample and node."""
 

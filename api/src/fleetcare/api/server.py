@@ -1,9 +1,11 @@
-"""Run the API with uvicorn inside this process (the service is one process: ingest,
-scorer and API threads share one DuckDB database).
+"""Run an ASGI app (the API: ``fleetcare.api.app.create_app``) with uvicorn inside this
+process (the service is one process: ingest, scorer and API threads share one DuckDB
+database).
 
-``serve`` blocks (the CLI's ``fleetcare serve``); ``start_server_thread`` runs uvicorn on
-a daemon thread and returns once the port accepts connections (the demo and the tests).
-Stop either with ``server.should_exit = True``.
+``serve(app, ...)`` blocks (the CLI's ``fleetcare serve``); ``start_server_thread(app,
+...)`` runs uvicorn on a daemon thread and returns once the port accepts connections (the
+demo and the tests). Stop either with ``server.should_exit = True``. This module takes
+the app it serves and imports nothing of the API's (no import cycle with ``app``).
 
 Neither configures logging handlers (uvicorn's ``log_config`` is off): the CLI does.
 """
@@ -18,22 +20,15 @@ import time
 import uvicorn
 from fastapi import FastAPI
 
-from fleetcare.pipeline.store import Store
 
-
-def _server(store: Store, host: str, port: int, log_level: str,
-            app: FastAPI | None) -> uvicorn.Server:
-    if app is None:
-        from fleetcare.api.app import create_app
-
-        app = create_app(store)
+def _server(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Server:
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
                             log_config=None, access_log=False, lifespan="off")
     return uvicorn.Server(config)
 
 
-def serve(store: Store, host: str = "127.0.0.1", port: int = 8000, *,
-          log_level: str = "info", app: FastAPI | None = None) -> None:
+def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
+          log_level: str = "info") -> None:
     """Serve the API on ``host:port`` until SIGINT/SIGTERM (blocking), then return.
 
     uvicorn re-raises the signal that stopped it once it has shut down; with the default
@@ -41,7 +36,7 @@ def serve(store: Store, host: str = "127.0.0.1", port: int = 8000, *,
     threads and closes the database. Here the signal is answered by a handler that does
     nothing, so ``serve`` returns and the caller shuts down in order.
     """
-    server = _server(store, host, port, log_level, app)
+    server = _server(app, host, port, log_level)
     if threading.current_thread() is not threading.main_thread():
         server.run()
         return
@@ -62,15 +57,14 @@ def bound_port(server: uvicorn.Server) -> int:
     return int(server.servers[0].sockets[0].getsockname()[1])
 
 
-def start_server_thread(store: Store, host: str = "127.0.0.1", port: int = 0, *,
-                        log_level: str = "warning", app: FastAPI | None = None,
-                        timeout_s: float = 15.0) -> tuple[uvicorn.Server, threading.Thread]:
+def start_server_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, *,
+                        log_level: str = "warning", timeout_s: float = 15.0) -> tuple[uvicorn.Server, threading.Thread]:
     """Start uvicorn on a daemon thread; return once ``host:port`` accepts connections.
 
     ``port=0`` picks a free port: read it with ``bound_port(server)``. Raises
     ``RuntimeError`` when the server does not come up (port taken, bad host) in time.
     """
-    server = _server(store, host, port, log_level, app)
+    server = _server(app, host, port, log_level)
     failure: list[BaseException] = []
 
     def run() -> None:

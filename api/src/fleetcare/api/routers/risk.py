@@ -1,0 +1,120 @@
+"""``GET /v1/risk`` (the fleet ranked), ``GET /v1/drain-candidates`` (worth draining now)
+and ``GET /v1/model`` (the model behind the scores)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+
+from fleetcare.api import queries
+from fleetcare.api.routers.deps import AUTH_ERRORS, READ, Ctx, Cur, NodeFilter, invalid
+from fleetcare.api.schemas import DrainCandidates, ErrorDetail, ModelInfo, RiskList
+from fleetcare.models.goodput import CostModel, GoodputError
+
+router = APIRouter()
+_DEFAULT_COST = CostModel()
+
+
+@router.get("/v1/risk", response_model=RiskList, tags=["risk"], dependencies=READ,
+            responses=AUTH_ERRORS)
+def risk(
+    request: Request,
+    cur: Cur,
+    ctx: Ctx,
+    filters: Annotated[NodeFilter, Depends()],
+    limit: Annotated[int, Query(ge=1, le=10000,
+                                description="Most nodes to return.")] = 100,
+    offset: Annotated[int, Query(ge=0, le=10_000_000,
+                                 description="Nodes to skip (paging: follow `next`).")] = 0,
+) -> Any:
+    """The latest score of every node, highest risk first: the nodes to drain.
+
+    Filter by node labels (`label=KEY=VALUE`, `partition=`), GPU model and minimum
+    risk; page with `limit` and `offset` (the response's `next` is the next page)."""
+    tables = queries.existing_tables(cur)
+    nodes, total = queries.risk_page(
+        cur, tables, limit=limit, offset=offset, min_risk=filters.min_risk,
+        labels=filters.labels, gpu_model=filters.gpu_model)
+    nxt = None
+    if offset + len(nodes) < total:
+        url = request.url.include_query_params(offset=offset + limit, limit=limit)
+        nxt = f"{url.path}?{url.query}"
+    return {
+        "nodes": nodes,
+        "simulated": ctx.is_simulated(cur, tables),
+        "scored_at": queries.iso_z(queries.latest_score_ts(cur, tables)),
+        "total": total,
+        "next": nxt,
+    }
+
+
+@router.get("/v1/drain-candidates", response_model=DrainCandidates, tags=["risk"],
+            dependencies=READ, responses=AUTH_ERRORS)
+def drain_candidates(
+    cur: Cur,
+    ctx: Ctx,
+    filters: Annotated[NodeFilter, Depends()],
+    job_gpus: Annotated[int, Query(
+        ge=1, le=10_000_000, description="N: GPUs of the job a node serves.")
+    ] = _DEFAULT_COST.job_gpus,
+    checkpoint_interval_h: Annotated[float, Query(
+        gt=0, le=10_000, description="Δ: hours between checkpoints.")
+    ] = _DEFAULT_COST.checkpoint_interval_h,
+    restart_overhead_h: Annotated[float, Query(
+        ge=0, le=10_000, description="u0: hours to restart the job after a crash.")
+    ] = _DEFAULT_COST.restart_overhead_h,
+    drain_cost_gpu_h: Annotated[float, Query(
+        ge=0, le=1e9, description="GPU-hours a planned drain costs (checkpoint + "
+        "inspection/repair).")] = _DEFAULT_COST.drain_cost_gpu_h,
+    gpus_per_node: Annotated[int, Query(ge=1, le=1024)] = _DEFAULT_COST.gpus_per_node,
+    limit: Annotated[int, Query(ge=1, le=10000)] = 100,
+) -> Any:
+    """Nodes worth draining now: expected goodput saved (risk × crash cost, N·(Δ/2 +
+    u0) GPU-hours) exceeds the drain cost. Highest net saving first."""
+    try:
+        cost = CostModel(job_gpus=job_gpus, checkpoint_interval_h=checkpoint_interval_h,
+                         restart_overhead_h=restart_overhead_h,
+                         drain_cost_gpu_h=drain_cost_gpu_h, gpus_per_node=gpus_per_node)
+    except GoodputError as exc:
+        raise invalid(["query", exc.name], str(exc), exc.value) from None
+    tables = queries.existing_tables(cur)
+    floor = max(cost.break_even_risk(), filters.min_risk or 0.0)
+    nodes, _ = queries.risk_page(cur, tables, min_risk=floor, labels=filters.labels,
+                                 gpu_model=filters.gpu_model)
+    out = []
+    for n in nodes:
+        if n["risk"] is None or not cost.should_drain(n["risk"]):
+            continue
+        saving = cost.expected_saving_gpu_h(n["risk"])
+        out.append({**{k: n[k] for k in ("node", "risk", "reasons", "top_gpu_uuid",
+                                        "scored_at", "labels")},
+                    "expected_saving_gpu_h": saving,
+                    "drain_cost_gpu_h": cost.drain_cost_gpu_h,
+                    "net_saving_gpu_h": saving - cost.drain_cost_gpu_h})
+        if len(out) == limit:
+            break
+    return {
+        "candidates": out,
+        "cost_model": {**dataclasses.asdict(cost),
+                       "crash_cost_gpu_h": cost.crash_cost_gpu_h(),
+                       "break_even_risk": cost.break_even_risk()},
+        "simulated": ctx.is_simulated(cur, tables),
+        "scored_at": queries.iso_z(queries.latest_score_ts(cur, tables)),
+    }
+
+
+@router.get("/v1/model", response_model=ModelInfo, tags=["model"], dependencies=READ,
+            responses={404: {"model": ErrorDetail, "description": "No model trained."},
+                       **AUTH_ERRORS})
+def model(cur: Cur) -> Any:
+    """The model behind the current scores: horizon, features, held-out metrics."""
+    row = queries.current_model(cur, queries.existing_tables(cur))
+    if row is None:
+        raise HTTPException(
+            status_code=404,
+            detail="no current model: train one with `fleetcare train` (the scorer "
+            "then fills GET /v1/risk)",
+        )
+    return row
