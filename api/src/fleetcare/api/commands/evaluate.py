@@ -84,7 +84,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _job_sizes(text: str) -> tuple[int, ...]:
-    from fleetcare.api.cli import CliError
+    from fleetcare.api.commands.common import CliError
 
     try:
         sizes = tuple(int(x) for x in text.split(",") if x.strip())
@@ -97,7 +97,7 @@ def _job_sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import CliError, _print_json, open_store
+    from fleetcare.api.commands.common import CliError, open_store, print_json
     from fleetcare.collectors.durations import parse_duration
     from fleetcare.models import evaluation as E
     from fleetcare.models.goodput import CostModel, GoodputError
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         raise CliError("--lake goes with one --db (the state DB over the lake)")
     def hours(flag: str, text: str) -> float:
         try:
-            return parse_duration(text) / 3600
+            return parse_duration(text, bare=None) / 3600
         except ValueError as exc:
             raise CliError(f"{flag}: {exc}") from exc
 
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         write_html(report, args.html)
     out = E.public(report)
     if args.json:
-        _print_json(out)
+        print_json(out)
     else:
         _print_text(out, args.html)
     return 0
