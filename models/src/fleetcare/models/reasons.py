@@ -191,9 +191,10 @@ def sentence(name: str, value: float, median: float | None, gpu_model: str | Non
         return f"{_subject(name, catalogue)} not reported"
     if name.startswith("node_max_"):
         base = name.removeprefix("node_max_")
-        if signal(base) in COUNTS and _WINDOW.search(base):
+        base_w = _WINDOW.search(base)
+        if signal(base) in COUNTS and base_w:
             one, many = COUNTS[signal(base)]
-            return (f"{plural(value, one, many)} in {WINDOW_TEXT[_WINDOW.search(base).group(1)]}"
+            return (f"{plural(value, one, many)} in {WINDOW_TEXT[base_w.group(1)]}"
                     " on this node's worst GPU"
                     + _peers(median, gpu_model, None if median is None else human(median)))
         return "this node's worst GPU: " + sentence(base, value, median, gpu_model, catalogue)
