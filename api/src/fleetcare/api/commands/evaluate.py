@@ -205,5 +205,12 @@ def _print_text(out: dict[str, Any], html: str | None) -> None:
         g = out["goodput"][name]
         print(f"{name:<16} {g['gpu_hours_lost']:>10.1f} {g['interruptions_avoided']:>8} "
               f"{g['false_drains']:>12} {g['ettr']:>6.3f}")
+    from fleetcare.models.report import losses
+
+    lost = losses(out)
+    print("\nwhere fleetcare loses to a baseline in this run:" if lost else
+          "\nfleetcare loses to no baseline in this run.")
+    for line in lost:
+        print(f"  {line}")
     if html:
         print(f"\nreport written to {html}")
