@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from typing import Any
 
 _DOC = __doc__ or ""
@@ -97,7 +96,7 @@ def _job_sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.commands.common import CliError, open_store, print_json
+    from fleetcare.api.commands.common import CliError, open_store, print_json, progress_steps
     from fleetcare.collectors.durations import parse_duration
     from fleetcare.models import evaluation as E
     from fleetcare.models.goodput import CostModel, GoodputError
@@ -134,7 +133,8 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
     seed = args.seed if args.seed is not None else getattr(cfg, "seed", 0)
     ecfg = E.EvalConfig(horizon_h=horizon_h, window_h=window_h, seed=seed, cost=cost,
                         job_sizes=_job_sizes(args.job_gpus))
-    say = (lambda m: print(f"evaluate: {m}", file=sys.stderr)) if not args.json else None
+    # timed steps on stderr (as before, in text mode; --json keeps stderr quiet)
+    say = progress_steps("evaluate", enabled=True) if not args.json else None
     try:
         with contextlib.ExitStack() as stack:
             def open_all(paths: list[str]) -> list[Any]:

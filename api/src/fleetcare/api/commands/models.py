@@ -199,6 +199,8 @@ def _print_list(recs: list[Any]) -> None:
 
 
 def _print_show(r: Any) -> None:
+    from fleetcare.api.commands.common import print_metrics
+
     print(f"{r.model_id}{'  (current)' if r.is_current else ''}")
     print(f"  origin       {r.origin}"
           f"{' (the fleet prior shipped with fleetcare)' if r.origin == 'prior' else ''}")
@@ -213,5 +215,4 @@ def _print_show(r: Any) -> None:
           f"{', ...' if len(r.features) > 6 else ''}")
     print(f"  params       {', '.join(f'{k}={v}' for k, v in sorted(r.params.items()) if k != 'monotone_increasing')}")
     print("  held-out metrics:")
-    for k, v in r.metrics.items():
-        print(f"    {k:34s} {v}")
+    print_metrics(r.metrics, indent="    ")  # rounded for people; --json keeps them whole
