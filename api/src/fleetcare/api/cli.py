@@ -6,7 +6,11 @@
     fleetcare score --db var/fleet.duckdb --json
     fleetcare serve --db var/fleet.duckdb --port 8000
     fleetcare demo [--once --json]
+    fleetcare --version
 
+Each command is a module of ``fleetcare.api.commands`` (``serve`` is here); what they
+share is public in ``fleetcare.api.commands.common``. Durations take units (``30m``,
+``1h``, ``2d``). A mistyped command or choice is answered with the nearest valid one.
 Usage errors exit 2 naming the flag; operational errors go to stderr with exit 1. Either
 is one line (what is wrong and how to fix it), never a traceback: an error nobody foresaw
 says so and how to see its traceback (``--log-level debug``). Secrets in URLs are masked
