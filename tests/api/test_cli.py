@@ -455,3 +455,13 @@ def test_demo_once_decides_drains_in_dry_run(tmp_path: Path) -> None:
     assert all(dry and result == "dry-run" for _, a, dry, result in audit if a == "drain")
     assert held == 0
     assert all(d["reason"].startswith("fleetcare: risk ") for d in planned)
+
+
+def test_human_rounds_for_people() -> None:
+    from fleetcare.api.commands.common import human
+
+    assert [human(v) for v in (0.41234567, 37.5123, 1234.56, 1e-5, 0.0, 12, True, None,
+                               float("nan"))] == [
+        "0.412", "37.51", "1,235", "1.0e-05", "0.000", "12", "True", "-", "-"]
+    assert human([0.123456, 2.0]) == "[0.123, 2.00]"
+    assert human({"hbm": 0.8333333, "gsp": None}) == "hbm 0.833, gsp -"

@@ -170,8 +170,10 @@ def human(v: Any) -> str:
     lists and dicts item by item. ``--json`` keeps full precision."""
     if v is None:
         return "-"
-    if isinstance(v, bool) or isinstance(v, int):
-        return f"{v:,}" if isinstance(v, int) and not isinstance(v, bool) else str(v)
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, int):
+        return f"{v:,}"
     if isinstance(v, float):
         if math.isnan(v):
             return "-"
