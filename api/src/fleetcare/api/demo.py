@@ -73,6 +73,7 @@ def choose_model(args: argparse.Namespace, store: Store, seed: int) -> dict[str,
     cur = registry.current(store)
     assert cur is not None, "neither a fleet model nor the prior: cannot score"
     lo, hi = store.raw.bounds(store.cursor())
+    assert lo is not None and hi is not None, "the demo's store holds its simulated history"
     split = Splits.of(lo.replace(tzinfo=dt.UTC) + WARMUP, hi.replace(tzinfo=dt.UTC))
     m = promotion.evaluate_on_period(store, {"m": registry.load(store, cur.model_id)},
                                      split.test_start, split.end, horizon_h=cur.horizon_h,
