@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-fast fuzz lint typecheck bench kafka kafka-stop slurm-stop clean
+.PHONY: install demo test test-fast fuzz lint typecheck bench notebook-html kafka kafka-stop slurm-stop clean
 
 install: $(STAMP)
 
@@ -45,6 +45,11 @@ typecheck: install
 
 bench: install
 	$(BIN)/python bench/run_all.py
+
+# The notebooks executed, exported to docs/<name>.html with their source hash (the test
+# suite fails when an export is older than its notebook). About a minute on two cores.
+notebook-html: install
+	$(BIN)/python notebooks/export_html.py
 
 kafka:
 	deploy/kafka/start.sh

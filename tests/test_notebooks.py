@@ -39,3 +39,35 @@ def test_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                    for o in c.outputs)
     assert "SIMULATED" in text
+
+
+def _exporter():
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "notebooks" / "export_html.py"
+    spec = importlib.util.spec_from_file_location("export_html", path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_published_html_is_fresh() -> None:
+    """docs/<notebook>.html (``make notebook-html``) records its notebook's source hash."""
+    stale = _exporter().stale(NOTEBOOKS)
+    assert not stale, "; ".join(stale)
+
+
+def test_the_source_hash_ignores_outputs_and_sees_edits(tmp_path: Path) -> None:
+    ex = _exporter()
+    nb = nbformat.read(NOTEBOOKS[0], as_version=4)
+    a = tmp_path / "a.ipynb"
+    nbformat.write(nb, a)
+    before = ex.source_hash(a)
+    nb.cells[1].outputs = [nbformat.v4.new_output("stream", text="x\n")]
+    nb.cells[1].execution_count = 3
+    nbformat.write(nb, a)
+    assert ex.source_hash(a) == before
+    nb.cells[1].source += "\n# an edit"
+    nbformat.write(nb, a)
+    assert ex.source_hash(a) != before

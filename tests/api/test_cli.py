@@ -49,6 +49,66 @@ def test_usage_errors_name_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--nodes" in capsys.readouterr().err
 
 
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out.strip()
+    assert out.startswith(f"fleetcare {version('fleetcare-api')} (api ")
+    assert f"collectors {version('fleetcare-collectors')}" in out
+
+
+def test_a_mistyped_command_or_choice_gets_did_you_mean(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, flag, near in ((["trian"], "COMMAND", "train"),
+                             (["evalute"], "COMMAND", "evaluate"),
+                             (["drain", "--scheduler", "slurn"], "--scheduler", "slurm")):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert f"argument {flag}: invalid choice: '{argv[-1]}'; did you mean '{near}'?" in err
+    with pytest.raises(SystemExit):
+        main(["zzzz"])
+    err = capsys.readouterr().err
+    assert "invalid choice: 'zzzz'" in err and "did you mean" not in err
+
+
+def test_one_duration_syntax_and_bare_numbers_keep_their_documented_unit(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from fleetcare.api.cli import build_parser
+
+    p = build_parser()
+    d = p.parse_args(["drain", "--checkpoint-interval", "30m", "--restart-overhead", "2"])
+    assert (d.checkpoint_interval, d.restart_overhead) == (0.5, 2.0)  # hours, as documented
+    d = p.parse_args(["drain"])
+    assert (d.checkpoint_interval, d.restart_overhead, d.review_after) == (1.0, 0.25, 86400.0)
+    assert p.parse_args(["serve", "--score-every", "2m"]).score_every == 120.0
+    assert p.parse_args(["simulate", "--interval", "5m"]).interval == 300.0
+    with pytest.raises(SystemExit) as exc:
+        main(["drain", "--checkpoint-interval", "hourly"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "argument --checkpoint-interval: duration 'hourly'" in err
+    # a bare number where seconds would be a trap is refused with the fix
+    assert main(["train", "--db", "x.duckdb", "--horizon", "24"]) == 1
+    assert "--horizon: duration '24' has no unit" in capsys.readouterr().err
+
+
+def test_serve_logs_json_lines(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "none.duckdb"
+    assert main(["--log-level", "info", "serve", "--db", str(missing), "--no-auth",
+                 "--port", "0", "--log-format", "json"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    doc = json.loads(lines[0])
+    assert doc["event"] == "serve.no_auth" and doc["host"] == "127.0.0.1"
+    assert doc["level"] == "warning" and doc["logger"] == "fleetcare"
+    assert lines[-1].startswith("fleetcare serve: database ")
+
+
 def test_operational_errors_go_to_stderr_with_exit_1(tmp_path: Path,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     missing = tmp_path / "none.duckdb"
@@ -223,6 +283,37 @@ def test_demo_serves_live_until_interrupted(tmp_path: Path) -> None:
             proc.kill()
 
 
+def test_train_prints_progress_and_rounded_metrics(small_db: Path, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str],
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal, train says what it is doing; its metrics read as people read them,
+    while --json keeps full precision (and a script's stderr gets no progress)."""
+    import re
+    import shutil
+    import sys
+
+    db = tmp_path / "fleet.duckdb"
+    shutil.copy(small_db, db)
+    capsys.readouterr()
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    assert main(["train", "--db", str(db), "--min-failures", "5", "--no-promote"]) == 0
+    out, err = capsys.readouterr()
+    steps = [line for line in err.splitlines() if line.startswith("train: [")]
+    assert len(steps) >= 3, err
+    assert "rolling up telemetry" in steps[0] and any("labels" in s for s in steps)
+    metrics = out.split("held-out metrics:\n", 1)[1]
+    assert "pr_auc" in metrics
+    long = re.findall(r"\d+\.\d{4,}", metrics)
+    assert not long, f"metrics printed with more than 3 decimals: {long}"
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: False)
+    assert main(["train", "--db", str(db), "--min-failures", "5", "--no-promote",
+                 "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert "train: [" not in err
+    full = json.loads(out)["metrics"]
+    assert any(isinstance(v, float) and len(repr(v)) > 8 for v in full.values()), full
+
+
 def test_train_promotes_only_a_better_model(small_db: Path, tmp_path: Path) -> None:
     """Issue 13: this test used to hold whichever way promotion went (no worse model was
     ever offered). Now both ways are offered, with a model provably worse on the held-out
@@ -338,3 +429,39 @@ def test_train_with_too_few_failures_is_one_line_and_keeps_the_model(small_db: P
     assert len(lines) == 1, out.stderr
     assert lines[0].startswith("fleetcare train: ") and "needs about 500 in training" in lines[0]
     assert current() == before
+
+
+def test_demo_once_decides_drains_in_dry_run(tmp_path: Path) -> None:
+    """The demo runs the drain controller in dry-run over its simulated scheduler: the
+    decisions are in its output and in the audit log (which the API and dashboard read),
+    marked dry-run, and nothing is held as drained."""
+    import duckdb
+
+    db = tmp_path / "demo.duckdb"
+    out = run("demo", "--once", "--json", "--db", str(db), "--nodes", "32", "--days", "12",
+              "--failure-scale", "90", "--history-interval", "30m", "--live-minutes", "10",
+              timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    drains = json.loads(out.stdout)["drains"]
+    assert drains["dry_run"] is True and drains["scheduler"] == "simulated"
+    assert drains["fleet_size"] >= 10
+    con = duckdb.connect(str(db), read_only=True)
+    audit = con.execute("SELECT node, action, dry_run, result FROM drain_audit").fetchall()
+    held = con.execute("SELECT count(*) FROM drains").fetchone()[0]
+    con.close()
+    planned = [d for d in drains["decisions"] if d["action"] == "drain"]
+    assert [(n, a) for n, a, _, _ in audit if a == "drain"] == [
+        (d["node"], "drain") for d in planned]
+    assert all(dry and result == "dry-run" for _, a, dry, result in audit if a == "drain")
+    assert held == 0
+    assert all(d["reason"].startswith("fleetcare: risk ") for d in planned)
+
+
+def test_human_rounds_for_people() -> None:
+    from fleetcare.api.commands.common import human
+
+    assert [human(v) for v in (0.41234567, 37.5123, 1234.56, 1e-5, 0.0, 12, True, None,
+                               float("nan"))] == [
+        "0.412", "37.51", "1,235", "1.0e-05", "0.000", "12", "True", "-", "-"]
+    assert human([0.123456, 2.0]) == "[0.123, 2.00]"
+    assert human({"hbm": 0.8333333, "gsp": None}) == "hbm 0.833, gsp -"

@@ -69,6 +69,13 @@ def test_list_and_show(fleet: tuple[str, str, str]) -> None:
 
     text = cli("models", "list", "--db", db)
     assert text.returncode == 0 and f"* {first}" in text.stdout and f"  {second}" in text.stdout
+    import re
+
+    shown_text = cli("models", "show", second, "--db", db)
+    assert shown_text.returncode == 0, shown_text.stderr
+    metrics = shown_text.stdout.split("held-out metrics:\n", 1)[1]
+    assert "pr_auc" in metrics
+    assert not re.findall(r"\d+\.\d{4,}", metrics), f"unrounded metrics: {metrics}"
     helped = cli("models", "list", "--help")
     assert helped.returncode == 0 and '"current"' in helped.stdout
 

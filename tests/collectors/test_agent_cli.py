@@ -341,3 +341,17 @@ def test_systemd_unit_verifies(tmp_path) -> None:
     proc = subprocess.run(["systemd-analyze", "verify", str(tmp_path / "fleetcare-agent.service")],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_agent_version_and_did_you_mean(capsys) -> None:
+    from importlib.metadata import version
+
+    from fleetcare.collectors.cli import main as agent_main
+
+    with pytest.raises(SystemExit) as exc:
+        agent_main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fleetcare-agent {version('fleetcare-collectors')}"
+    assert agent_main(["parse-kmgs", "kern.log"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "did you mean 'parse-kmsg'?" in err

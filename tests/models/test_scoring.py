@@ -50,7 +50,7 @@ def test_score_writes_history_and_latest(store):
     assert nodes[0]["risk"] == pytest.approx(1 - (1 - gp["GPU-2"]) * (1 - gp["GPU-3"]))
     assert nodes[0]["top_gpu_uuid"] == "GPU-2"
     reasons = json.loads(nodes[0]["reasons"])
-    assert reasons and reasons[0].startswith("GPU 0: f0 3")
+    assert reasons and reasons[0].startswith("GPU 0: f0: 3 (fleet median")
 
     t1 = T0 + dt.timedelta(minutes=5)
     score(store, at=t1, features=_features(t1, [0.0, 3.0, 0.0, 0.0]))
@@ -82,7 +82,7 @@ def test_only_the_riskiest_gpus_are_explained_on_large_fleets(store):
     assert explained[:2] == [json.loads(r) for r in full.gpu_scores.column("reasons").to_pylist()[:2]]
     top_node = part.node_scores.to_pylist()[0]
     assert top_node["top_gpu_uuid"] == "GPU-2"
-    assert json.loads(top_node["reasons"])[0].startswith("GPU 0: f0 3")
+    assert json.loads(top_node["reasons"])[0].startswith("GPU 0: f0: 3 (fleet median")
 
 
 def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(store):

@@ -5,8 +5,14 @@
 3. stream live simulated telemetry through the real agent code path and the embedded
    bus into the same database — the service's own ingest worker and scoring loop, as
    ``fleetcare serve --bus`` runs them — rescoring every minute,
-4. serve the API and dashboard, printing the top at-risk nodes with reasons —
+4. decide drains after each scoring — the drain controller in dry-run over the
+   simulated fleet's scheduler (``drains.simulated``), so its decisions show in the
+   audit log, the API and the dashboard and nothing is changed —
+5. serve the API and dashboard, printing the top at-risk nodes with reasons —
    or, with ``--once``, score once and print the result.
+
+It is built from the same public pieces as the other commands
+(``fleetcare.api.commands.common``, ``Service``, ``DrainController``, ``create_app``).
 
 The live simulator continues the history's counters exactly (no jump at the seam), and
 retention keeps the whole history (it would otherwise count 30 days back from the
@@ -27,7 +33,6 @@ from typing import Any
 
 from fleetcare.collectors.agent import Agent
 from fleetcare.collectors.clock import ManualClock, ScaledClock
-from fleetcare.collectors.durations import parse_duration
 from fleetcare.collectors.sim import FleetSpec, simulate_incidents
 from fleetcare.collectors.sim.backend import SimBackend
 from fleetcare.collectors.sim.telemetry import FleetSimulator
@@ -49,7 +54,7 @@ def choose_model(args: argparse.Namespace, store: Store, seed: int) -> dict[str,
     trained when its history holds enough failures and replaces the prior only if it
     beats it on the fleet's held-out period. Returns the current model's metrics on
     this fleet's last quarter (the test period of a fleet model), with their interval."""
-    from fleetcare.api.cli import _train
+    from fleetcare.api.commands.common import progress_steps, train_model
     from fleetcare.models import prior, promotion, registry
     from fleetcare.models.training import WARMUP, Splits, TrainError
 
@@ -59,7 +64,8 @@ def choose_model(args: argparse.Namespace, store: Store, seed: int) -> dict[str,
                    "simulated fleets at published failure rates); training this fleet's own "
                    "model")
     try:
-        result = _train(store, 24.0, seed)
+        result = train_model(store, 24.0, seed,
+                             progress=progress_steps("      train", enabled=False if args.json else None))
         decision = promotion.consider(store, result.model_id)
         _say(args, f"      {decision.reason}")
     except TrainError as exc:
@@ -67,6 +73,7 @@ def choose_model(args: argparse.Namespace, store: Store, seed: int) -> dict[str,
     cur = registry.current(store)
     assert cur is not None, "neither a fleet model nor the prior: cannot score"
     lo, hi = store.raw.bounds(store.cursor())
+    assert lo is not None and hi is not None, "the demo's store holds its simulated history"
     split = Splits.of(lo.replace(tzinfo=dt.UTC) + WARMUP, hi.replace(tzinfo=dt.UTC))
     m = promotion.evaluate_on_period(store, {"m": registry.load(store, cur.model_id)},
                                      split.test_start, split.end, horizon_h=cur.horizon_h,
@@ -89,6 +96,19 @@ def _num(x: Any) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
+def _now_after_scores(store: Store) -> dt.datetime:
+    """The drain round's "now": the newest scoring time when it is ahead of the wall
+    clock (the --once stream runs in simulated time past now), so the scores are fresh."""
+    from fleetcare.models.scoring import latest_node_scores
+
+    ts = latest_node_scores(store, limit=1).column("ts").to_pylist()
+    wall = dt.datetime.now(dt.UTC)
+    if ts and ts[0] is not None:
+        scored = ts[0].replace(tzinfo=dt.UTC) if ts[0].tzinfo is None else ts[0]
+        return max(wall, scored)
+    return wall
+
+
 def keep_raw(args: argparse.Namespace) -> dt.timedelta:
     """Raw retention for the demo: the whole simulated history and a week of live data."""
     return dt.timedelta(days=args.days + 7)
@@ -103,9 +123,23 @@ def _fresh(db: Path) -> Path:
     return bus
 
 
+def drain_controller(store: Store) -> Any:
+    """The demo's drain controller: dry-run, over the simulated fleet's scheduler."""
+    from fleetcare.api.drains import DrainController
+    from fleetcare.api.drains.simulated import SimulatedDrainer
+
+    return DrainController(store, SimulatedDrainer(), dry_run=True)
+
+
+def _drain_lines(report: Any) -> list[str]:
+    """A run's drain decisions, one line each (dry-run: what would be done)."""
+    return [f"{d.action} {d.node}: {d.result}; {d.reason}" for d in report.decisions
+            if d.action in ("drain", "resume", "escalate")]
+
+
 def run_demo(args: argparse.Namespace) -> int:
     from fleetcare.api.auth import is_loopback
-    from fleetcare.api.cli import _print_top, _top_risk
+    from fleetcare.api.commands.common import print_top, top_risk
     from fleetcare.api.progress import progress_bar
 
     if not args.once and not is_loopback(args.host):  # the demo serves without tokens
@@ -127,7 +161,7 @@ def run_demo(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     progress = progress_bar("history", unit="tick")
     loaded = load_history(store, sim, spec.start, hist_end,
-                          interval_s=parse_duration(args.history_interval), progress=progress)
+                          interval_s=args.history_interval, progress=progress)
     progress.close()
     mark_simulated(store, note)
     _say(args, f"      {loaded.samples:,} samples, {loaded.events:,} XID events, "
@@ -151,15 +185,27 @@ def run_demo(args: argparse.Namespace) -> int:
         _say(args, "[4/4] scoring every GPU and node")
         from fleetcare.api.service import Service
 
+        drains = drain_controller(store)
         Service(store, keep_raw=keep_raw(args)).rescore()
-        top = _top_risk(store, 5)
+        report = drains.run_once(_now_after_scores(store))
+        top = top_risk(store, 5)
         out = {"model": model,
-               "top_risk": top, "db": str(db), "simulated": True, "simulation": note}
+               "top_risk": top, "drains": report.to_json(), "db": str(db), "simulated": True,
+               "simulation": note}
         store.close()
         if args.json:
             print(json.dumps(out, allow_nan=False))
         else:
-            _print_top(top)
+            print_top(top)
+            lines = _drain_lines(report)
+            print(f"\ndrains (dry-run, simulated scheduler): {len(lines) or 'none'}"
+                  f" at break-even risk {report.break_even_risk:.2f}")
+            for line in lines:
+                print(f"  {line}")
+            refused = report.by_action("refuse")
+            if refused:
+                print(f"  {len(refused)} more above break-even, refused by the circuit breaker "
+                      f"({report.budget.limit} drain(s) an hour for this fleet)")
         return 0
     return _serve_live(args, store, bus, bus_dir, backend, hist_end)
 
@@ -167,7 +213,7 @@ def run_demo(args: argparse.Namespace) -> int:
 def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_dir: Path,
                 backend: SimBackend, hist_end: dt.datetime) -> int:
     from fleetcare.api.app import create_app, start_server_thread
-    from fleetcare.api.cli import _print_top, _top_risk
+    from fleetcare.api.commands.common import print_top, top_risk
     from fleetcare.api.service import Service
 
     clock = ScaledClock(hist_end.timestamp(), speed=args.speed, wall=time.time)
@@ -177,22 +223,23 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     from fleetcare.api.alerts import AlertEngine, load_config
 
     svc = Service(store, open_consumer=lambda: EmbeddedConsumer(bus_dir),
-                  score_every_s=parse_duration(args.score_every),
+                  score_every_s=args.score_every,
                   validator=Validator(clock=clock), keep_raw=keep_raw(args),
-                  alerts=AlertEngine.from_config(store, load_config(None)))
+                  alerts=AlertEngine.from_config(store, load_config(None)),
+                  drains=drain_controller(store))
 
     def show_top() -> None:
         print(f"\n-- top at-risk nodes (simulated), {dt.datetime.now(dt.UTC):%H:%M:%S} UTC")
-        _print_top(_top_risk(store, 5))
+        print_top(top_risk(store, 5))
 
     svc.on_scored = show_top
     agent_thread = threading.Thread(target=agent.run, name="fleetcare-agent", daemon=True)
     agent_thread.start()
     svc.start()
     server, thread = start_server_thread(store, args.host, args.port,
-                                         app=create_app(store, auth=False))
-    print(f"[3/4] live: agent -> embedded bus -> ingest -> rescoring every {args.score_every}"
-          f" (simulated time at {args.speed:g}x)\n"
+                                         app=create_app(store, auth=False, drains=svc.drains))
+    print(f"[3/4] live: agent -> embedded bus -> ingest -> rescoring every {args.score_every:g} s"
+          f" (simulated time at {args.speed:g}x), drains decided in dry-run\n"
           f"[4/4] API and dashboard at http://{args.host}:{args.port}/  "
           f"(OpenAPI: /docs)   Ctrl-C stops", flush=True)
     try:

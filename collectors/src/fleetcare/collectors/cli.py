@@ -93,6 +93,16 @@ class Settings:
 
 # -- the command line -----------------------------------------------------------------
 
+def version_text() -> str:
+    """``fleetcare-agent 0.1.0``: the installed fleetcare-collectors distribution."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"fleetcare-agent {version('fleetcare-collectors')}"
+    except PackageNotFoundError:
+        return "fleetcare-agent (not installed as a distribution)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     d = AgentConfig()
     ap = argparse.ArgumentParser(
@@ -107,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
                "0 done (also on SIGTERM/SIGINT, after flushing), 1 operational error, "
                "2 usage or configuration error.")
     a = ap.add_argument
+    a("--version", action="version", version=version_text())
     a("--backend", action="append", metavar="NAME",
       help=f"telemetry source, repeatable or comma-separated: {', '.join(BACKENDS)} "
            f"(default {d.backend}: kernel-log then maps PCI ids to GPUs through NVML)")
@@ -471,6 +482,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
         return main_parse_dcgm(argv[1:])
     parser = build_parser()
+    if argv and not argv[0].startswith("-"):
+        import difflib
+
+        near = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1)
+        hint = f"; did you mean {near[0]!r}?" if near else ""
+        print(f"fleetcare-agent: error: unknown subcommand {argv[0]!r}{hint} (subcommands: "
+              f"{', '.join(SUBCOMMANDS)}; the agent itself takes only --flags)",
+              file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)  # exits 2 on an unknown flag, naming it
     try:
         settings = resolve(args)

@@ -61,7 +61,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
 
 def _config(args: argparse.Namespace) -> Any:
     from fleetcare.api.alerts.config import load
-    from fleetcare.api.cli import CliError
+    from fleetcare.api.commands.common import CliError
     from fleetcare.collectors.config import ConfigError
 
     try:
@@ -71,18 +71,18 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def _open(args: argparse.Namespace, cfg: Any, *, read_only: bool) -> Any:
-    from fleetcare.api.cli import CliError, _existing_db
+    from fleetcare.api.commands.common import CliError, existing_db
     from fleetcare.pipeline.store import Store, StoreError
 
     try:
-        return Store(_existing_db(args.db or cfg.db), read_only=read_only)
+        return Store(existing_db(args.db or cfg.db), read_only=read_only)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
 
 
 def _list(args: argparse.Namespace, cfg: Any) -> int:
     from fleetcare.api.alerts.engine import list_alerts
-    from fleetcare.api.cli import CliError, _print_json
+    from fleetcare.api.commands.common import CliError, print_json
 
     if args.limit < 0:
         raise CliError(f"--limit {args.limit} must be >= 0")
@@ -99,7 +99,7 @@ def _list(args: argparse.Namespace, cfg: Any) -> int:
     finally:
         store.close()
     if args.json:
-        _print_json({"alerts": alerts, "outbox": outbox})
+        print_json({"alerts": alerts, "outbox": outbox})
         return 0
     print(f"{'node':16s} {'state':9s} {'risk':>6s}  {'fired_at':22s} id")
     for a in alerts:
@@ -114,7 +114,7 @@ def _test_sink(args: argparse.Namespace) -> int:
     from fleetcare.api.alerts import sinks as sinks_mod
     from fleetcare.api.alerts.config import mask_url
     from fleetcare.api.alerts.outbox import urllib_post
-    from fleetcare.api.cli import CliError, _print_json
+    from fleetcare.api.commands.common import CliError, print_json
     from fleetcare.collectors.config import ConfigError
 
     config = _config(args)
@@ -144,7 +144,7 @@ def _test_sink(args: argparse.Namespace) -> int:
     out = {"sink": sink_cfg.name, "kind": sink_cfg.kind, "url": mask_url(url),
            "status": status, "ok": error is None, "error": error}
     if args.json:
-        _print_json(out)
+        print_json(out)
     elif error is None:
         print(f"sink {sink_cfg.name} ({sink_cfg.kind}) at {out['url']}: HTTP {status}, ok")
     if error is not None:
@@ -155,7 +155,7 @@ def _test_sink(args: argparse.Namespace) -> int:
 
 def _deliver(args: argparse.Namespace, cfg: Any) -> int:
     from fleetcare.api.alerts.engine import AlertEngine
-    from fleetcare.api.cli import _print_json
+    from fleetcare.api.commands.common import print_json
 
     config = _config(args)
     store = _open(args, cfg, read_only=False)
@@ -168,7 +168,7 @@ def _deliver(args: argparse.Namespace, cfg: Any) -> int:
     out = {"delivered": done.delivered, "retried": done.retried, "dead": done.dead,
            "outbox": stats}
     if args.json:
-        _print_json(out)
+        print_json(out)
     else:
         print(f"delivered {done.delivered}, retrying {done.retried}, gave up {done.dead}; "
               f"outbox: {stats['pending']} pending, {stats['delivered']} delivered, "

@@ -25,6 +25,7 @@ import os
 from typing import Any
 
 from fleetcare.api.http_client import add_api_arguments
+from fleetcare.collectors.durations import duration_type
 
 SCHEDULERS = ("slurm", "kubernetes")
 
@@ -58,17 +59,20 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--max-fraction", type=float, default=0.05,
                    help="circuit breaker: at most this fraction of the fleet per hour "
                         "(default 0.05; the smaller limit wins, at least 1 node)")
-    p.add_argument("--review-after", default="24h",
+    p.add_argument("--review-after", type=duration_type(), default="24h",
                    help="escalate a drain nobody cleared after this long (default 24h)")
     p.add_argument("--resume-below", type=float, default=None,
                    help="resume cleared nodes below this risk (default: half the "
                         "break-even risk)")
     p.add_argument("--job-gpus", type=int, default=1024,
                    help="cost model: GPUs of the job a node serves (default 1024)")
-    p.add_argument("--checkpoint-interval", type=float, default=1.0,
-                   help="cost model: hours between checkpoints (default 1)")
-    p.add_argument("--restart-overhead", type=float, default=0.25,
-                   help="cost model: hours to restart a job (default 0.25)")
+    hours = duration_type(bare="h", per="h")
+    p.add_argument("--checkpoint-interval", type=hours, default="1h",
+                   help="cost model: time between checkpoints, e.g. 30m or 2h (default 1h; "
+                        "a bare number is hours)")
+    p.add_argument("--restart-overhead", type=hours, default="15m",
+                   help="cost model: time to restart a job, e.g. 15m (default 15m; a bare "
+                        "number is hours)")
     p.add_argument("--drain-cost", type=float, default=24.0,
                    help="cost model: GPU-hours a drain costs (default 24)")
     p.add_argument("--gpus-per-node", type=int, default=8)
@@ -100,13 +104,9 @@ def _drainer(name: str) -> Any:
 
 def _controller(store: Any, args: argparse.Namespace) -> Any:
     from fleetcare.api.drains import BreakerPolicy, DrainController, DrainPolicy
-    from fleetcare.collectors.durations import parse_duration
     from fleetcare.models.goodput import CostModel
 
-    try:
-        review = dt.timedelta(seconds=parse_duration(args.review_after))
-    except ValueError as exc:
-        raise ValueError(f"--review-after: {exc}") from None
+    review = dt.timedelta(seconds=args.review_after)
     cost = CostModel(job_gpus=args.job_gpus, checkpoint_interval_h=args.checkpoint_interval,
                      restart_overhead_h=args.restart_overhead, drain_cost_gpu_h=args.drain_cost,
                      gpus_per_node=args.gpus_per_node)
@@ -123,16 +123,16 @@ def _operator() -> str:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import _existing_db
+    from fleetcare.api.commands.common import existing_db
     from fleetcare.api.drains.audit import AuditLog
     from fleetcare.pipeline.store import Store, StoreError
 
     if args.drain_command == "clear" and args.api:
         return _clear_via_api(args)
     try:
-        store = Store(_existing_db(args.db or cfg.db))
+        store = Store(existing_db(args.db or cfg.db))
     except StoreError as exc:
-        from fleetcare.api.cli import CliError
+        from fleetcare.api.commands.common import CliError
 
         hint = (f" To clear while `fleetcare serve` runs: fleetcare drain clear {args.node} "
                 "--api http://HOST:8000 --token ADMIN_TOKEN" if args.drain_command == "clear"

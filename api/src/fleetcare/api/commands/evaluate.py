@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 from typing import Any
 
 _DOC = __doc__ or ""
@@ -84,7 +83,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def _job_sizes(text: str) -> tuple[int, ...]:
-    from fleetcare.api.cli import CliError
+    from fleetcare.api.commands.common import CliError
 
     try:
         sizes = tuple(int(x) for x in text.split(",") if x.strip())
@@ -97,7 +96,7 @@ def _job_sizes(text: str) -> tuple[int, ...]:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import CliError, _print_json, open_store
+    from fleetcare.api.commands.common import CliError, open_store, print_json, progress_steps
     from fleetcare.collectors.durations import parse_duration
     from fleetcare.models import evaluation as E
     from fleetcare.models.goodput import CostModel, GoodputError
@@ -111,7 +110,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         raise CliError("--lake goes with one --db (the state DB over the lake)")
     def hours(flag: str, text: str) -> float:
         try:
-            return parse_duration(text) / 3600
+            return parse_duration(text, bare=None) / 3600
         except ValueError as exc:
             raise CliError(f"{flag}: {exc}") from exc
 
@@ -134,7 +133,8 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
     seed = args.seed if args.seed is not None else getattr(cfg, "seed", 0)
     ecfg = E.EvalConfig(horizon_h=horizon_h, window_h=window_h, seed=seed, cost=cost,
                         job_sizes=_job_sizes(args.job_gpus))
-    say = (lambda m: print(f"evaluate: {m}", file=sys.stderr)) if not args.json else None
+    # timed steps on stderr (as before, in text mode; --json keeps stderr quiet)
+    say = progress_steps("evaluate", enabled=True) if not args.json else None
     try:
         with contextlib.ExitStack() as stack:
             def open_all(paths: list[str]) -> list[Any]:
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         write_html(report, args.html)
     out = E.public(report)
     if args.json:
-        _print_json(out)
+        print_json(out)
     else:
         _print_text(out, args.html)
     return 0
@@ -205,5 +205,12 @@ def _print_text(out: dict[str, Any], html: str | None) -> None:
         g = out["goodput"][name]
         print(f"{name:<16} {g['gpu_hours_lost']:>10.1f} {g['interruptions_avoided']:>8} "
               f"{g['false_drains']:>12} {g['ettr']:>6.3f}")
+    from fleetcare.models.report import losses
+
+    lost = losses(out)
+    print("\nwhere fleetcare loses to a baseline in this run:" if lost else
+          "\nfleetcare loses to no baseline in this run.")
+    for line in lost:
+        print(f"  {line}")
     if html:
         print(f"\nreport written to {html}")

@@ -71,10 +71,10 @@ def _read(path: str) -> str:
 
 
 def _store(db: str) -> Any:
-    from fleetcare.api.cli import _existing_db
+    from fleetcare.api.commands.common import existing_db
     from fleetcare.pipeline.store import Store
 
-    return Store(_existing_db(db))
+    return Store(existing_db(db))
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:

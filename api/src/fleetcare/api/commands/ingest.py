@@ -101,7 +101,7 @@ def consumer_factory(parser: argparse.ArgumentParser, args: argparse.Namespace,
 
 
 def add_parser(subparsers: Any) -> None:
-    from fleetcare.api.cli import port
+    from fleetcare.api.commands.common import port
 
     p = subparsers.add_parser(
         "ingest", help="land bus records in DuckDB (--db) or a Parquet lake (--lake)",

@@ -73,7 +73,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import CliError
+    from fleetcare.api.commands.common import CliError
 
     # Operational errors are reported here rather than raised to cli.main: run as
     # ``python -m fleetcare.api.cli``, main's module is __main__ and its CliError is not
@@ -86,12 +86,12 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
 
 
 def _run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import CliError, _existing_db, _print_json
+    from fleetcare.api.commands.common import CliError, existing_db, print_json
     from fleetcare.models import registry
     from fleetcare.pipeline.store import Store, StoreError
 
     try:
-        store = Store(_existing_db(args.db or cfg.db))
+        store = Store(existing_db(args.db or cfg.db))
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     try:
@@ -99,7 +99,7 @@ def _run(args: argparse.Namespace, cfg: Any) -> int:
             recs = registry.list_models(store)
             cur = next((r.model_id for r in recs if r.is_current), None)
             if args.json:
-                _print_json({"current": cur, "models": [record_json(r) for r in recs]})
+                print_json({"current": cur, "models": [record_json(r) for r in recs]})
             else:
                 _print_list(recs)
             return 0
@@ -109,7 +109,7 @@ def _run(args: argparse.Namespace, cfg: Any) -> int:
             except registry.ModelNotFoundError as exc:
                 raise CliError(_not_found(exc, store.path)) from None
             if args.json:
-                _print_json(record_json(rec, full=True))
+                print_json(record_json(rec, full=True))
             else:
                 _print_show(rec)
             return 0
@@ -124,7 +124,7 @@ def _not_found(exc: Exception, db: str) -> str:
 
 
 def _promote(store: Any, args: argparse.Namespace) -> int:
-    from fleetcare.api.cli import CliError, _print_json
+    from fleetcare.api.commands.common import CliError, print_json
     from fleetcare.models import promotion, registry
 
     progress = None if args.json else (lambda msg: print(f"  {msg}", file=sys.stderr))
@@ -134,7 +134,7 @@ def _promote(store: Any, args: argparse.Namespace) -> int:
     except registry.ModelNotFoundError as exc:
         raise CliError(_not_found(exc, store.path)) from None
     if args.json:
-        _print_json(decision.as_json())
+        print_json(decision.as_json())
     else:
         print(decision.reason)
         for name, m in (("new", decision.new_metrics), ("current", decision.current_metrics)):
@@ -199,6 +199,8 @@ def _print_list(recs: list[Any]) -> None:
 
 
 def _print_show(r: Any) -> None:
+    from fleetcare.api.commands.common import print_metrics
+
     print(f"{r.model_id}{'  (current)' if r.is_current else ''}")
     print(f"  origin       {r.origin}"
           f"{' (the fleet prior shipped with fleetcare)' if r.origin == 'prior' else ''}")
@@ -213,5 +215,4 @@ def _print_show(r: Any) -> None:
           f"{', ...' if len(r.features) > 6 else ''}")
     print(f"  params       {', '.join(f'{k}={v}' for k, v in sorted(r.params.items()) if k != 'monotone_increasing')}")
     print("  held-out metrics:")
-    for k, v in r.metrics.items():
-        print(f"    {k:34s} {v}")
+    print_metrics(r.metrics, indent="    ")  # rounded for people; --json keeps them whole

@@ -76,14 +76,14 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import CliError, _existing_db, _print_json
+    from fleetcare.api.commands.common import CliError, existing_db, print_json
     from fleetcare.pipeline.store import Store, StoreError, one_row
 
     if getattr(args, "limit", 1) < 0:
         raise CliError(f"--limit {args.limit} must be >= 0")
     since = parse_since(args.since) if args.since else None
     try:
-        store = Store(_existing_db(args.db or cfg.db), read_only=True)
+        store = Store(existing_db(args.db or cfg.db), read_only=True)
     except StoreError as exc:
         raise CliError(str(exc)) from exc
     span: tuple[Any, Any] = (None, None)
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         out = {"total": total, "by_code": by_code,
                "first_received_at": _iso(first), "last_received_at": _iso(last)}
         if args.json:
-            _print_json(out)
+            print_json(out)
         else:
             print(f"{total} quarantined records"
                   + (f", {out['first_received_at']} .. {out['last_received_at']}" if total else ""))
@@ -136,7 +136,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         return 0
     items = [row_json(r) for r in rows]
     if args.json:
-        _print_json({"quarantined": items, "total": total, "by_code": by_code})
+        print_json({"quarantined": items, "total": total, "by_code": by_code})
     else:
         print(f"{'received_at':32s} {'code':26s} {'source':40s} reason")
         for it in items:

@@ -27,7 +27,7 @@ def add_parser(subparsers: Any) -> None:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import _existing_db
+    from fleetcare.api.commands.common import existing_db
     from fleetcare.collectors.durations import parse_duration
     from fleetcare.pipeline import retention
     from fleetcare.pipeline.store import Store
@@ -36,7 +36,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         keep = dt.timedelta(seconds=parse_duration(args.keep_raw))
     except ValueError as exc:
         raise ValueError(f"--keep-raw: {exc}") from None
-    store = Store(_existing_db(args.db))
+    store = Store(existing_db(args.db))
     try:
         res = retention.apply(store, keep, dry_run=args.dry_run)
     finally:

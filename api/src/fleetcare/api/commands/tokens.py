@@ -67,7 +67,7 @@ def _via_api(args: argparse.Namespace) -> tuple[str, Any]:
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
-    from fleetcare.api.cli import _existing_db
+    from fleetcare.api.commands.common import existing_db
     from fleetcare.pipeline.store import Store, StoreError
 
     if (args.db is None) == (args.api is None):
@@ -80,7 +80,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
         _show(args, action, token, got)
         return 0
     try:
-        store = Store(_existing_db(args.db))
+        store = Store(existing_db(args.db))
     except StoreError as exc:
         print(f"fleetcare tokens: {exc} While `fleetcare serve` runs: fleetcare tokens "
               f"{action} ... --api http://HOST:8000 --token ADMIN_TOKEN", file=sys.stderr)

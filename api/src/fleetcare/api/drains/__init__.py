@@ -5,6 +5,7 @@ Modules::
     drainer     the Drainer Protocol, NodeState, scheduler-neutral states, reasons
     slurm       SlurmDrainer (scontrol)
     kubernetes  KubernetesDrainer (official client: cordon, taint, node condition)
+    simulated   SimulatedDrainer (the demo's simulated fleet, in memory)
     audit       drain_audit and drains tables (DuckDB)
     breaker     the circuit breaker: at most N nodes / 5 % of the fleet per hour
     controller  DrainController: dry-run by default; run_once(now) for the service loop
