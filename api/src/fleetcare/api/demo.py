@@ -71,7 +71,12 @@ def choose_model(args: argparse.Namespace, store: Store, seed: int) -> dict[str,
     except TrainError as exc:
         _say(args, f"      {exc}")
     cur = registry.current(store)
-    assert cur is not None, "neither a fleet model nor the prior: cannot score"
+    if cur is None:
+        from fleetcare.api.commands.common import CliError
+        raise CliError("no model to score with: this installation ships no fleet prior and "
+                       "the simulated history held too few failures to train one; reinstall "
+                       "fleetcare-models (it carries fleet_prior.json) or rerun with more "
+                       "--nodes/--days")
     lo, hi = store.raw.bounds(store.cursor())
     assert lo is not None and hi is not None, "the demo's store holds its simulated history"
     split = Splits.of(lo.replace(tzinfo=dt.UTC) + WARMUP, hi.replace(tzinfo=dt.UTC))
