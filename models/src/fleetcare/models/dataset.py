@@ -98,14 +98,14 @@ def aftermath(table: pa.Table, failures: Sequence[M.Failure],
     span = np.timedelta64(int(round(hours * 3600)), "s")
     by_node: dict[str, list[np.datetime64]] = {}
     for f in failures:
-        by_node.setdefault(f.node, []).append(np.datetime64(f.ts, "us"))
+        by_node.setdefault(f.node, []).append(f.ts.astype("datetime64[us]"))
     for name in np.unique(node):
         fails = by_node.get(str(name))
         if not fails:
             continue
         rows = np.flatnonzero(node == name)
-        for f in fails:
-            out[rows[(ts[rows] > f) & (ts[rows] <= f + span)]] = True
+        for at in fails:
+            out[rows[(ts[rows] > at) & (ts[rows] <= at + span)]] = True
     return out
 
 

@@ -225,14 +225,14 @@ def score_fleet(rows: FleetRows, model: FailureModel, *, horizon_h: float = 24.0
     ts = T.ts_column(table)
     mask = np.ones(table.num_rows, dtype=bool) if since is None else ts >= since
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
-    known = ts + H <= rows.last
+    known = np.asarray(ts + H <= rows.last, dtype=bool)
     sub = table.filter(pa.array(mask)) if since is not None else table
     p = model.predict_proba(sub)[:, 1]
     s = node_scores(table, mask, p, known)
     s.node = np.array([f"{name}/{n}" for n in s.node], dtype=object)
     t0 = ts[mask].min()
     failures = [M.Failure(f"{name}/{f.node}", f.ts, f.mode) for f in rows.failures
-                if t0 < np.datetime64(f.ts, "us") <= rows.last]
+                if t0 < f.ts.astype("datetime64[us]") <= rows.last]
     node_days = len(s.ts) * every_s / 86400.0
     km = known[mask]
     return FleetScores(name, s, failures, node_days, T._bool(sub, "label")[km], p[km])

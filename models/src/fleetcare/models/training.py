@@ -344,7 +344,7 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
 
 def _telemetry_range(store: Store) -> tuple[dt.datetime, dt.datetime]:
     lo, hi = store.raw.bounds(store.cursor())
-    if lo is None:
+    if lo is None or hi is None:
         raise TrainError("the database has no telemetry to train on: ingest some first "
                          "(`fleetcare ingest`, `fleetcare serve --bus`, `fleetcare backfill`) "
                          "or simulate a fleet (`fleetcare simulate --db PATH`)")
