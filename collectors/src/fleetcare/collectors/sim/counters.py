@@ -127,7 +127,11 @@ class Counters:
         if output:
             for name, st in self.state.items():
                 out[name] = np.broadcast_to(st, (T, *st.shape)).copy()
-        for g in special.tolist():
+        # GPUs with no repair or replacement in (t_prev, t_end] share one time grid and
+        # are computed together; the few with one take the per-GPU path below
+        touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
+        self._advance_plain(special[~touched], ticks, t_prev, eps, ep_g, benign, out)
+        for g in special[touched].tolist():
             node = self.nodes_of[g]
             r_vol = self.reset_t[rs & (self.reset_node == node)]
             r_agg = self.repl_t[rp & (self.repl_gpu == g)]
@@ -170,4 +174,48 @@ class Counters:
                     out[name][:, g] = vals
         self.t = t_end
         return out
+
+    def _advance_plain(self, gs: np.ndarray, ticks: np.ndarray, t_prev: float,
+                       eps: np.ndarray, ep_g: np.ndarray, benign: dict,
+                       out: dict[str, np.ndarray]) -> None:
+        """``advance`` for GPUs ``gs`` (sorted, unique) that see no reset in the interval,
+        all at once: the same integers the per-GPU path computes (per-episode floored
+        curves summed per GPU, benign events counted at each time), on one time grid."""
+        S = len(gs)
+        if not S:
+            return
+        times = np.sort(np.r_[ticks, t_prev])
+        K, L = len(times), self.L
+        row_of = np.full(self.G, -1, dtype=np.int64)
+        row_of[gs] = np.arange(S)
+        c = {n: np.zeros((S, K), np.int64) for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
+        c.update({n: np.zeros((S, K, L), np.int64) for n in LINK_COUNTERS})
+        sel = row_of[ep_g] >= 0
+        if sel.any():
+            rows = row_of[ep_g[sel]]
+            for name, v in self.ep.cumulative(eps[sel], times, L).items():
+                np.add.at(c[name], rows, v)
+        for name, (bg, bt, bl) in benign.items():
+            r = row_of[bg]
+            keep = r >= 0
+            if not keep.any():
+                continue
+            j = np.searchsorted(times, bt[keep], side="left")  # first time >= the event
+            if name == "nv_flit":
+                inc = np.zeros((S, K + 1, L), np.int64)
+                np.add.at(inc, (r[keep], j, bl[keep]), 1)
+            else:
+                inc = np.zeros((S, K + 1), np.int64)
+                np.add.at(inc, (r[keep], j), 1)
+            c[name] += np.cumsum(inc, axis=1)[:, :K]
+        c["ce_v"] = c["ce_a"] = c.pop("ce")
+        c["ue_v"] = c["ue_a"] = c.pop("ue")
+        ti = np.searchsorted(times, ticks)
+        i_prev = int(np.searchsorted(times, t_prev))
+        for name, st in self.state.items():
+            cv = c[name]
+            vals = cv[:, ti] + (st[gs] - cv[:, i_prev])[:, None]  # (S, T[, L])
+            st[gs] = vals[:, -1]
+            if name in out:
+                out[name][:, gs] = np.swapaxes(vals, 0, 1)
 
