@@ -109,8 +109,11 @@ class Counters:
             out[name] = (g[sel], t[sel], link[sel])
         return out
 
-    def advance(self, ticks: np.ndarray, output: bool = True) -> dict[str, np.ndarray]:
-        """Values at ``ticks`` (seconds, increasing, > previous): {name: (T, G[, L])}."""
+    def advance(self, ticks: np.ndarray, keep: np.ndarray | None = None
+                ) -> dict[str, np.ndarray]:
+        """Values at ``ticks`` (seconds, increasing, > previous) of the rows ``keep``
+        (bool (T, G); default all), tick-major: {name: (rows[, L])}. The state advances
+        for every GPU whatever ``keep`` says."""
         t_prev, t_end = self.t, float(ticks[-1])
         T = len(ticks)
         benign = self._benign(t_prev, t_end)
@@ -123,10 +126,9 @@ class Counters:
         special = np.unique(np.concatenate(
             [ep_g, reset_gpus, self.repl_gpu[rp]] + [b[0] for b in benign.values()]
         ).astype(np.int64))
-        out: dict[str, np.ndarray] = {}
-        if output:
-            for name, st in self.state.items():
-                out[name] = np.broadcast_to(st, (T, *st.shape)).copy()
+        # every row starts as its GPU's state before this advance; the special GPUs'
+        # rows are then overwritten with their own values
+        out = _Rows(self.state, T, keep)
         # GPUs with no repair or replacement in (t_prev, t_end] share one time grid and
         # are computed together; the few with one take the per-GPU path below
         touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
@@ -170,14 +172,13 @@ class Counters:
                     rvals = cv[ti] - cv[np.searchsorted(times, np.sort(resets))[np.maximum(ridx, 0)]]
                     vals = np.where(has.reshape((-1,) + (1,) * (cv.ndim - 1)), rvals, vals)
                 self.state[name][g] = vals[-1]
-                if output:
-                    out[name][:, g] = vals
+                out.put(name, np.array([g]), vals[None])
         self.t = t_end
-        return out
+        return out.cols
 
     def _advance_plain(self, gs: np.ndarray, ticks: np.ndarray, t_prev: float,
                        eps: np.ndarray, ep_g: np.ndarray, benign: dict,
-                       out: dict[str, np.ndarray]) -> None:
+                       out: _Rows) -> None:
         """``advance`` for GPUs ``gs`` (sorted, unique) that see no reset in the interval,
         all at once: the same integers the per-GPU path computes (per-episode floored
         curves summed per GPU, benign events counted at each time), on one time grid."""
@@ -216,6 +217,36 @@ class Counters:
             cv = c[name]
             vals = cv[:, ti] + (st[gs] - cv[:, i_prev])[:, None]  # (S, T[, L])
             st[gs] = vals[:, -1]
-            if name in out:
-                out[name][:, gs] = np.swapaxes(vals, 0, 1)
+            out.put(name, gs, vals)
+
+
+class _Rows:
+    """The output rows of one advance: each GPU's prior state, repeated per tick and
+    kept where ``keep`` says (tick-major), with ``put`` overwriting some GPUs' rows."""
+
+    def __init__(self, state: dict[str, np.ndarray], T: int, keep: np.ndarray | None) -> None:
+        self.T, self.keep = T, keep
+        self.G = len(next(iter(state.values())))
+        if keep is None:
+            self.cols = {}
+            for name, st in state.items():
+                col = np.empty((T * self.G, *st.shape[1:]), dtype=st.dtype)
+                col.reshape(T, *st.shape)[...] = st
+                self.cols[name] = col
+        else:
+            g_of = np.nonzero(keep)[1]  # each kept row's GPU, tick-major
+            self.cols = {name: st.take(g_of, axis=0) for name, st in state.items()}
+            self.pos = None  # computed on the first put
+
+    def put(self, name: str, gs: np.ndarray, vals: np.ndarray) -> None:
+        """Rows of GPUs ``gs`` (S,) at every tick: ``vals`` (S, T[, L])."""
+        v = np.swapaxes(vals, 0, 1)  # (T, S[, L])
+        if self.keep is None:
+            rows = np.arange(self.T)[:, None] * self.G + gs[None, :]
+            self.cols[name][rows.ravel()] = v.reshape(-1, *v.shape[2:])
+            return
+        if self.pos is None:
+            self.pos = (np.cumsum(self.keep.ravel()) - 1).reshape(self.keep.shape)
+        m = self.keep[:, gs]
+        self.cols[name][self.pos[:, gs][m]] = v[m]
 
