@@ -134,47 +134,55 @@ class Counters:
         touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
         self._advance_plain(special[~touched], ticks, t_prev, eps, ep_g, benign, out)
         for g in special[touched].tolist():
-            node = self.nodes_of[g]
-            r_vol = self.reset_t[rs & (self.reset_node == node)]
-            r_agg = self.repl_t[rp & (self.repl_gpu == g)]
-            times = np.sort(np.r_[ticks, r_vol, r_agg, t_prev])
-            mine = eps[ep_g == g]
-            if len(mine):
-                cum = ep.cumulative(mine, times, self.L)
-                c = {name: v.sum(axis=0) for name, v in cum.items()}  # (K[, L])
-            else:
-                zs, zl = np.zeros(len(times), np.int64), np.zeros((len(times), self.L), np.int64)
-                c = {n: zs for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
-                c.update({n: zl for n in LINK_COUNTERS})
-            for name, (bg, bt, bl) in benign.items():
-                sel = bg == g
-                if not sel.any():
-                    continue
-                cnt = np.searchsorted(np.sort(bt[sel]), times, side="right")
-                if name == "nv_flit":
-                    inc = np.zeros((len(times), self.L), dtype=np.int64)
-                    for tt, ll in zip(bt[sel].tolist(), bl[sel].tolist(), strict=True):
-                        inc[times >= tt, ll] += 1
-                    c[name] = c[name] + inc
-                else:
-                    c[name] = c[name] + cnt
-            c["ce_v"] = c["ce_a"] = c.pop("ce")
-            c["ue_v"] = c["ue_a"] = c.pop("ue")
-            ti = np.searchsorted(times, ticks)
-            i_prev = int(np.searchsorted(times, t_prev))
-            for name in self.state:
-                resets = r_vol if name in VOLATILE else r_agg
-                cv = c[name]
-                vals = cv[ti] + (self.state[name][g] - cv[i_prev])
-                if len(resets):
-                    ridx = np.searchsorted(np.sort(resets), ticks, side="right") - 1
-                    has = ridx >= 0
-                    rvals = cv[ti] - cv[np.searchsorted(times, np.sort(resets))[np.maximum(ridx, 0)]]
-                    vals = np.where(has.reshape((-1,) + (1,) * (cv.ndim - 1)), rvals, vals)
-                self.state[name][g] = vals[-1]
-                out.put(name, np.array([g]), vals[None])
+            self._advance_gpu(g, ticks, t_prev, rs, rp, eps, ep_g, benign, out)
         self.t = t_end
         return out.cols
+
+    def _advance_gpu(self, g: int, ticks: np.ndarray, t_prev: float, rs: np.ndarray,
+                     rp: np.ndarray, eps: np.ndarray, ep_g: np.ndarray, benign: dict,
+                     out: _Rows) -> None:
+        """``advance`` for one GPU, on its own time grid: the ticks plus the repairs
+        (``rs``) and replacements (``rp``) in the interval, which reset its counters."""
+        ep = self.ep
+        node = self.nodes_of[g]
+        r_vol = self.reset_t[rs & (self.reset_node == node)]
+        r_agg = self.repl_t[rp & (self.repl_gpu == g)]
+        times = np.sort(np.r_[ticks, r_vol, r_agg, t_prev])
+        mine = eps[ep_g == g]
+        if len(mine):
+            cum = ep.cumulative(mine, times, self.L)
+            c = {name: v.sum(axis=0) for name, v in cum.items()}  # (K[, L])
+        else:
+            zs, zl = np.zeros(len(times), np.int64), np.zeros((len(times), self.L), np.int64)
+            c = {n: zs for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
+            c.update({n: zl for n in LINK_COUNTERS})
+        for name, (bg, bt, bl) in benign.items():
+            sel = bg == g
+            if not sel.any():
+                continue
+            cnt = np.searchsorted(np.sort(bt[sel]), times, side="right")
+            if name == "nv_flit":
+                inc = np.zeros((len(times), self.L), dtype=np.int64)
+                for tt, ll in zip(bt[sel].tolist(), bl[sel].tolist(), strict=True):
+                    inc[times >= tt, ll] += 1
+                c[name] = c[name] + inc
+            else:
+                c[name] = c[name] + cnt
+        c["ce_v"] = c["ce_a"] = c.pop("ce")
+        c["ue_v"] = c["ue_a"] = c.pop("ue")
+        ti = np.searchsorted(times, ticks)
+        i_prev = int(np.searchsorted(times, t_prev))
+        for name in self.state:
+            resets = r_vol if name in VOLATILE else r_agg
+            cv = c[name]
+            vals = cv[ti] + (self.state[name][g] - cv[i_prev])
+            if len(resets):
+                ridx = np.searchsorted(np.sort(resets), ticks, side="right") - 1
+                has = ridx >= 0
+                rvals = cv[ti] - cv[np.searchsorted(times, np.sort(resets))[np.maximum(ridx, 0)]]
+                vals = np.where(has.reshape((-1,) + (1,) * (cv.ndim - 1)), rvals, vals)
+            self.state[name][g] = vals[-1]
+            out.put(name, np.array([g]), vals[None])
 
     def _advance_plain(self, gs: np.ndarray, ticks: np.ndarray, t_prev: float,
                        eps: np.ndarray, ep_g: np.ndarray, benign: dict,
@@ -227,8 +235,9 @@ class _Rows:
     def __init__(self, state: dict[str, np.ndarray], T: int, keep: np.ndarray | None) -> None:
         self.T, self.keep = T, keep
         self.G = len(next(iter(state.values())))
+        self.pos: np.ndarray | None = None  # kept row of each (tick, GPU), on first put
+        self.cols: dict[str, np.ndarray] = {}
         if keep is None:
-            self.cols = {}
             for name, st in state.items():
                 col = np.empty((T * self.G, *st.shape[1:]), dtype=st.dtype)
                 col.reshape(T, *st.shape)[...] = st
@@ -236,7 +245,6 @@ class _Rows:
         else:
             g_of = np.nonzero(keep)[1]  # each kept row's GPU, tick-major
             self.cols = {name: st.take(g_of, axis=0) for name, st in state.items()}
-            self.pos = None  # computed on the first put
 
     def put(self, name: str, gs: np.ndarray, vals: np.ndarray) -> None:
         """Rows of GPUs ``gs`` (S,) at every tick: ``vals`` (S, T[, L])."""
