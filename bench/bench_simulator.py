@@ -6,7 +6,9 @@ For each case, ``samples_per_s`` is the history's own rate (``FleetSimulator.his
 its first chunk included); ``setup_s`` (fleet layout, incident plan, simulator) is timed
 apart and ``samples_per_s_with_setup`` counts it too. The ceiling is numpy copying every
 array of every chunk once, measured chunk by chunk in the same run: what writing the
-same arrays costs here, with no simulation. Each figure is the median of ``--runs``.
+same arrays costs here, with no simulation. ``samples_per_cpu_s`` divides by the
+process's CPU time instead of wall time (steadier on a shared machine). Each figure is
+the median of ``--runs``.
 """
 
 from __future__ import annotations
@@ -30,11 +32,12 @@ def run(nodes: int, hours: float, interval_s: int, start_h: float = 0.0) -> dict
     setup = time.perf_counter() - t0
     start = spec.start + dt.timedelta(hours=start_h)
     chunks = sim.history(start, start + dt.timedelta(hours=hours), interval_s=interval_s)
-    n, hist, ceil = 0, 0.0, 0.0
+    n, hist, ceil, cpu = 0, 0.0, 0.0, 0.0
     while True:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         chunk = next(chunks, None)
         hist += time.perf_counter() - t0
+        cpu += time.process_time() - c0
         if chunk is None:
             break
         t0 = time.perf_counter()
@@ -42,7 +45,7 @@ def run(nodes: int, hours: float, interval_s: int, start_h: float = 0.0) -> dict
         ceil += time.perf_counter() - t0
         n += len(copies["ts"])
         del copies, chunk
-    return {"samples": n, "setup": setup, "history": hist, "ceiling": ceil}
+    return {"samples": n, "setup": setup, "history": hist, "ceiling": ceil, "cpu": cpu}
 
 
 def case(name: str, gpus: int, runs: list[dict[str, float]], **extra: object) -> None:
@@ -56,6 +59,7 @@ def case(name: str, gpus: int, runs: list[dict[str, float]], **extra: object) ->
         "gpus": gpus, **extra, "samples": n, "runs": len(runs),
         "samples_per_s": round(rate), "ceiling_samples_per_s": round(ceiling),
         "ratio": round(statistics.median(r["ceiling"] / r["history"] for r in runs), 3),
+        "samples_per_cpu_s": round(statistics.median(r["samples"] / r["cpu"] for r in runs)),
         "setup_s": round(med("setup"), 3),
         "samples_per_s_with_setup": round(statistics.median(
             r["samples"] / (r["setup"] + r["history"]) for r in runs)),
