@@ -5,7 +5,10 @@ in between: benign events (sparse Poisson, per-GPU rates) and precursor curves
 (``Episodes.cumulative``). Volatile counters (ECC volatile, PCIe replay, NVLink) reset
 when the node is repaired (rebooted); aggregate ones (ECC aggregate, remapped rows)
 only when the GPU is replaced. Only GPUs touched by an event, an episode or a reset are
-computed column by column; all others repeat their state, so a tick costs O(GPUs).
+computed; all others repeat their state, so a tick costs O(GPUs). The touched GPUs with
+no repair or replacement in the interval are computed together on one time grid
+(``_advance_plain``); the few with one, each on its own grid (``_advance_gpu``): both
+give the same integers (tests/collectors/test_sim_fast_paths.py).
 
 Benign events are a fixed function of (seed, day): each day's events of the whole fleet
 are drawn from a generator seeded by the day alone, then this group keeps its GPUs'. So
