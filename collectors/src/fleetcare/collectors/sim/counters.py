@@ -5,7 +5,10 @@ in between: benign events (sparse Poisson, per-GPU rates) and precursor curves
 (``Episodes.cumulative``). Volatile counters (ECC volatile, PCIe replay, NVLink) reset
 when the node is repaired (rebooted); aggregate ones (ECC aggregate, remapped rows)
 only when the GPU is replaced. Only GPUs touched by an event, an episode or a reset are
-computed column by column; all others repeat their state, so a tick costs O(GPUs).
+computed; all others repeat their state, so a tick costs O(GPUs). The touched GPUs with
+no repair or replacement in the interval are computed together on one time grid
+(``_advance_plain``); the few with one, each on its own grid (``_advance_gpu``): both
+give the same integers (tests/collectors/test_sim_fast_paths.py).
 
 Benign events are a fixed function of (seed, day): each day's events of the whole fleet
 are drawn from a generator seeded by the day alone, then this group keeps its GPUs'. So
@@ -109,8 +112,11 @@ class Counters:
             out[name] = (g[sel], t[sel], link[sel])
         return out
 
-    def advance(self, ticks: np.ndarray, output: bool = True) -> dict[str, np.ndarray]:
-        """Values at ``ticks`` (seconds, increasing, > previous): {name: (T, G[, L])}."""
+    def advance(self, ticks: np.ndarray, keep: np.ndarray | None = None
+                ) -> dict[str, np.ndarray]:
+        """Values at ``ticks`` (seconds, increasing, > previous) of the rows ``keep``
+        (bool (T, G); default all), tick-major: {name: (rows[, L])}. The state advances
+        for every GPU whatever ``keep`` says."""
         t_prev, t_end = self.t, float(ticks[-1])
         T = len(ticks)
         benign = self._benign(t_prev, t_end)
@@ -123,51 +129,135 @@ class Counters:
         special = np.unique(np.concatenate(
             [ep_g, reset_gpus, self.repl_gpu[rp]] + [b[0] for b in benign.values()]
         ).astype(np.int64))
-        out: dict[str, np.ndarray] = {}
-        if output:
-            for name, st in self.state.items():
-                out[name] = np.broadcast_to(st, (T, *st.shape)).copy()
-        for g in special.tolist():
-            node = self.nodes_of[g]
-            r_vol = self.reset_t[rs & (self.reset_node == node)]
-            r_agg = self.repl_t[rp & (self.repl_gpu == g)]
-            times = np.sort(np.r_[ticks, r_vol, r_agg, t_prev])
-            mine = eps[ep_g == g]
-            if len(mine):
-                cum = ep.cumulative(mine, times, self.L)
-                c = {name: v.sum(axis=0) for name, v in cum.items()}  # (K[, L])
-            else:
-                zs, zl = np.zeros(len(times), np.int64), np.zeros((len(times), self.L), np.int64)
-                c = {n: zs for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
-                c.update({n: zl for n in LINK_COUNTERS})
-            for name, (bg, bt, bl) in benign.items():
-                sel = bg == g
-                if not sel.any():
-                    continue
-                cnt = np.searchsorted(np.sort(bt[sel]), times, side="right")
-                if name == "nv_flit":
-                    inc = np.zeros((len(times), self.L), dtype=np.int64)
-                    for tt, ll in zip(bt[sel].tolist(), bl[sel].tolist(), strict=True):
-                        inc[times >= tt, ll] += 1
-                    c[name] = c[name] + inc
-                else:
-                    c[name] = c[name] + cnt
-            c["ce_v"] = c["ce_a"] = c.pop("ce")
-            c["ue_v"] = c["ue_a"] = c.pop("ue")
-            ti = np.searchsorted(times, ticks)
-            i_prev = int(np.searchsorted(times, t_prev))
-            for name in self.state:
-                resets = r_vol if name in VOLATILE else r_agg
-                cv = c[name]
-                vals = cv[ti] + (self.state[name][g] - cv[i_prev])
-                if len(resets):
-                    ridx = np.searchsorted(np.sort(resets), ticks, side="right") - 1
-                    has = ridx >= 0
-                    rvals = cv[ti] - cv[np.searchsorted(times, np.sort(resets))[np.maximum(ridx, 0)]]
-                    vals = np.where(has.reshape((-1,) + (1,) * (cv.ndim - 1)), rvals, vals)
-                self.state[name][g] = vals[-1]
-                if output:
-                    out[name][:, g] = vals
+        # every row starts as its GPU's state before this advance; the special GPUs'
+        # rows are then overwritten with their own values
+        out = _Rows(self.state, T, keep)
+        # GPUs with no repair or replacement in (t_prev, t_end] share one time grid and
+        # are computed together; the few with one take the per-GPU path below
+        touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
+        self._advance_plain(special[~touched], ticks, t_prev, eps, ep_g, benign, out)
+        for g in special[touched].tolist():
+            self._advance_gpu(g, ticks, t_prev, rs, rp, eps, ep_g, benign, out)
         self.t = t_end
-        return out
+        return out.cols
+
+    def _advance_gpu(self, g: int, ticks: np.ndarray, t_prev: float, rs: np.ndarray,
+                     rp: np.ndarray, eps: np.ndarray, ep_g: np.ndarray, benign: dict,
+                     out: _Rows) -> None:
+        """``advance`` for one GPU, on its own time grid: the ticks plus the repairs
+        (``rs``) and replacements (``rp``) in the interval, which reset its counters."""
+        ep = self.ep
+        node = self.nodes_of[g]
+        r_vol = self.reset_t[rs & (self.reset_node == node)]
+        r_agg = self.repl_t[rp & (self.repl_gpu == g)]
+        times = np.sort(np.r_[ticks, r_vol, r_agg, t_prev])
+        mine = eps[ep_g == g]
+        if len(mine):
+            cum = ep.cumulative(mine, times, self.L)
+            c = {name: v.sum(axis=0) for name, v in cum.items()}  # (K[, L])
+        else:
+            zs, zl = np.zeros(len(times), np.int64), np.zeros((len(times), self.L), np.int64)
+            c = {n: zs for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
+            c.update({n: zl for n in LINK_COUNTERS})
+        for name, (bg, bt, bl) in benign.items():
+            sel = bg == g
+            if not sel.any():
+                continue
+            cnt = np.searchsorted(np.sort(bt[sel]), times, side="right")
+            if name == "nv_flit":
+                inc = np.zeros((len(times), self.L), dtype=np.int64)
+                for tt, ll in zip(bt[sel].tolist(), bl[sel].tolist(), strict=True):
+                    inc[times >= tt, ll] += 1
+                c[name] = c[name] + inc
+            else:
+                c[name] = c[name] + cnt
+        c["ce_v"] = c["ce_a"] = c.pop("ce")
+        c["ue_v"] = c["ue_a"] = c.pop("ue")
+        ti = np.searchsorted(times, ticks)
+        i_prev = int(np.searchsorted(times, t_prev))
+        for name in self.state:
+            resets = r_vol if name in VOLATILE else r_agg
+            cv = c[name]
+            vals = cv[ti] + (self.state[name][g] - cv[i_prev])
+            if len(resets):
+                ridx = np.searchsorted(np.sort(resets), ticks, side="right") - 1
+                has = ridx >= 0
+                rvals = cv[ti] - cv[np.searchsorted(times, np.sort(resets))[np.maximum(ridx, 0)]]
+                vals = np.where(has.reshape((-1,) + (1,) * (cv.ndim - 1)), rvals, vals)
+            self.state[name][g] = vals[-1]
+            out.put(name, np.array([g]), vals[None])
+
+    def _advance_plain(self, gs: np.ndarray, ticks: np.ndarray, t_prev: float,
+                       eps: np.ndarray, ep_g: np.ndarray, benign: dict,
+                       out: _Rows) -> None:
+        """``advance`` for GPUs ``gs`` (sorted, unique) that see no reset in the interval,
+        all at once: the same integers the per-GPU path computes (per-episode floored
+        curves summed per GPU, benign events counted at each time), on one time grid."""
+        S = len(gs)
+        if not S:
+            return
+        times = np.sort(np.r_[ticks, t_prev])
+        K, L = len(times), self.L
+        row_of = np.full(self.G, -1, dtype=np.int64)
+        row_of[gs] = np.arange(S)
+        c = {n: np.zeros((S, K), np.int64) for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
+        c.update({n: np.zeros((S, K, L), np.int64) for n in LINK_COUNTERS})
+        sel = row_of[ep_g] >= 0
+        if sel.any():
+            rows = row_of[ep_g[sel]]
+            for name, v in self.ep.cumulative(eps[sel], times, L).items():
+                np.add.at(c[name], rows, v)
+        for name, (bg, bt, bl) in benign.items():
+            r = row_of[bg]
+            keep = r >= 0
+            if not keep.any():
+                continue
+            j = np.searchsorted(times, bt[keep], side="left")  # first time >= the event
+            if name == "nv_flit":
+                inc = np.zeros((S, K + 1, L), np.int64)
+                np.add.at(inc, (r[keep], j, bl[keep]), 1)
+            else:
+                inc = np.zeros((S, K + 1), np.int64)
+                np.add.at(inc, (r[keep], j), 1)
+            c[name] += np.cumsum(inc, axis=1)[:, :K]
+        c["ce_v"] = c["ce_a"] = c.pop("ce")
+        c["ue_v"] = c["ue_a"] = c.pop("ue")
+        ti = np.searchsorted(times, ticks)
+        i_prev = int(np.searchsorted(times, t_prev))
+        for name, st in self.state.items():
+            cv = c[name]
+            vals = cv[:, ti] + (st[gs] - cv[:, i_prev])[:, None]  # (S, T[, L])
+            st[gs] = vals[:, -1]
+            out.put(name, gs, vals)
+
+
+class _Rows:
+    """The output rows of one advance: each GPU's prior state, repeated per tick and
+    kept where ``keep`` says (tick-major), with ``put`` overwriting some GPUs' rows."""
+
+    def __init__(self, state: dict[str, np.ndarray], T: int, keep: np.ndarray | None) -> None:
+        self.T, self.keep = T, keep
+        self.G = len(next(iter(state.values())))
+        self.pos: np.ndarray | None = None  # kept row of each (tick, GPU), on first put
+        self.cols: dict[str, np.ndarray] = {}
+        if keep is None:
+            for name, st in state.items():
+                col = np.empty((T * self.G, *st.shape[1:]), dtype=st.dtype)
+                col.reshape(T, *st.shape)[...] = st
+                self.cols[name] = col
+        else:
+            g_of = np.nonzero(keep)[1]  # each kept row's GPU, tick-major
+            self.cols = {name: st.take(g_of, axis=0) for name, st in state.items()}
+
+    def put(self, name: str, gs: np.ndarray, vals: np.ndarray) -> None:
+        """Rows of GPUs ``gs`` (S,) at every tick: ``vals`` (S, T[, L])."""
+        v = np.swapaxes(vals, 0, 1)  # (T, S[, L])
+        if self.keep is None:
+            rows = np.arange(self.T)[:, None] * self.G + gs[None, :]
+            self.cols[name][rows.ravel()] = v.reshape(-1, *v.shape[2:])
+            return
+        if self.pos is None:
+            self.pos = (np.cumsum(self.keep.ravel()) - 1).reshape(self.keep.shape)
+        m = self.keep[:, gs]
+        self.cols[name][self.pos[:, gs][m]] = v[m]
 

@@ -180,7 +180,10 @@ class Group:
     def step(self, ticks: np.ndarray, rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Samples at ``ticks`` (seconds since spec.start) for all GPUs, down rows removed."""
         m, T, G, gpn = self.model, len(ticks), self.G, self.gpn
-        cnt = self.counters.advance(ticks)
+        down = self.down(ticks)
+        # rows of down nodes are never built: every column is taken at ``keep`` once
+        keep = ~np.repeat(down, gpn, axis=1) if down.any() else None
+        cnt = self.counters.advance(ticks, keep)
         busy_n, inten_n = self.jobs(ticks)
         busy = np.repeat(busy_n, gpn, axis=1)
         inten = np.repeat(inten_n, gpn, axis=1).astype(np.float32)
@@ -236,57 +239,82 @@ class Group:
         util = np.where(busy, np.clip(np.rint(93 + 5 * noise[2]), 0, 100), 0.0)
         util_mem = np.where(busy, np.clip(np.rint(30 + 30 * inten + 4 * noise[0]), 0, 100), 0.0)
         fb = np.where(busy, (m.fb_total_mib * (0.55 + 0.4 * inten)).astype(np.int64), 4)
-        up = np.ones((T, G, m.nvlinks), dtype=bool)
+        base = np.datetime64(start.astimezone(dt.UTC).replace(tzinfo=None), "us")
+        ts = base + np.rint(ticks * 1e6).astype("timedelta64[us]")
+        if keep is None:
+            n = T * G
+
+            def rows(x: np.ndarray) -> np.ndarray:  # (T, G) -> (rows,)
+                return x.reshape(n)
+
+            ts_col = np.repeat(ts, G)
+
+            def ident(x: np.ndarray) -> np.ndarray:  # per GPU -> per row
+                return np.tile(x, T)
+
+            def row_of(t_idx: np.ndarray, g: int) -> np.ndarray:
+                return t_idx * G + g
+        else:
+            flat = keep.ravel()
+            n = int(np.count_nonzero(flat))
+
+            def rows(x: np.ndarray) -> np.ndarray:
+                return x.reshape(T * G)[flat]
+
+            ts_col = np.repeat(ts, np.count_nonzero(keep, axis=1))
+
+            def ident(x: np.ndarray) -> np.ndarray:
+                return (x if T == 1 else np.tile(x, T))[flat]
+
+            def row_of(t_idx: np.ndarray, g: int) -> np.ndarray:
+                t_idx = t_idx[keep[t_idx, g]]
+                before = np.cumsum(np.count_nonzero(keep, axis=1)) - np.count_nonzero(keep, axis=1)
+                return before[t_idx] + np.count_nonzero(keep[t_idx, :g], axis=1)
+
+        up = np.ones((n, m.nvlinks), dtype=bool)
         if len(self.flap_sel):
             ft = ep.flap_t[self.flap_sel]
             hit = np.flatnonzero((ft <= ticks[-1]) & (ft + FLAP_S > ticks[0]))
             for i in self.flap_sel[hit].tolist():
-                on = (ticks >= ep.flap_t[i]) & (ticks < ep.flap_t[i] + FLAP_S)
-                up[on, self.local[ep.flap_gpu[i]], ep.flap_link[i] % m.nvlinks] = False
-        base = np.datetime64(start.astimezone(dt.UTC).replace(tzinfo=None), "us")
-        ts = base + np.rint(ticks * 1e6).astype("timedelta64[us]")
-        n = T * G
+                on = np.flatnonzero((ticks >= ep.flap_t[i]) & (ticks < ep.flap_t[i] + FLAP_S))
+                up[row_of(on, self.local[ep.flap_gpu[i]]), ep.flap_link[i] % m.nvlinks] = False
         cols: dict[str, np.ndarray] = {
-            "ts": np.repeat(ts, G),
-            "node": np.tile(self.node_col, T),
-            "gpu_uuid": np.tile(self.uuids, T),
-            "gpu_index": np.tile(self.gpu_index, T),
-            "pci_bus_id": np.tile(self.pci, T),
-            "model": np.tile(self.model_col, T),
-            "gpu_temp_c": gtemp.astype(np.float64).ravel(),
-            "mem_temp_c": mtemp.astype(np.float64).ravel(),
-            "power_w": np.round(power.astype(np.float64).ravel(), 1),
+            "ts": ts_col,
+            "node": ident(self.node_col),
+            "gpu_uuid": ident(self.uuids),
+            "gpu_index": ident(self.gpu_index),
+            "pci_bus_id": ident(self.pci),
+            "model": ident(self.model_col),
+            "gpu_temp_c": rows(gtemp).astype(np.float64),
+            "mem_temp_c": rows(mtemp).astype(np.float64),
+            "power_w": np.round(rows(power).astype(np.float64), 1),
             "power_limit_w": np.full(n, m.power_limit_w),
-            "sm_clock_mhz": sm.ravel(),
+            "sm_clock_mhz": rows(sm),
             "mem_clock_mhz": np.full(n, m.mem_clock_mhz, dtype=np.int64),
-            "util_gpu_pct": util.astype(np.float64).ravel(),
-            "util_mem_pct": util_mem.astype(np.float64).ravel(),
-            "fb_used_mib": fb.ravel(),
+            "util_gpu_pct": rows(util).astype(np.float64),
+            "util_mem_pct": rows(util_mem).astype(np.float64),
+            "fb_used_mib": rows(fb),
             "fb_total_mib": np.full(n, m.fb_total_mib, dtype=np.int64),
-            "ecc_corrected_volatile": cnt["ce_v"].ravel(),
-            "ecc_uncorrected_volatile": cnt["ue_v"].ravel(),
-            "ecc_corrected_aggregate": cnt["ce_a"].ravel(),
-            "ecc_uncorrected_aggregate": cnt["ue_a"].ravel(),
-            "remapped_rows_correctable": cnt["rr_c"].ravel(),
-            "remapped_rows_uncorrectable": cnt["rr_u"].ravel(),
-            "remapped_rows_pending": pending.ravel(),
-            "remapped_rows_failure": rfail.ravel(),
-            "pcie_replay_count": cnt["pcie"].ravel(),
-            "pcie_link_gen": gen.ravel(),
+            "ecc_corrected_volatile": cnt["ce_v"],
+            "ecc_uncorrected_volatile": cnt["ue_v"],
+            "ecc_corrected_aggregate": cnt["ce_a"],
+            "ecc_uncorrected_aggregate": cnt["ue_a"],
+            "remapped_rows_correctable": cnt["rr_c"],
+            "remapped_rows_uncorrectable": cnt["rr_u"],
+            "remapped_rows_pending": rows(pending),
+            "remapped_rows_failure": rows(rfail),
+            "pcie_replay_count": cnt["pcie"],
+            "pcie_link_gen": rows(gen),
             "pcie_link_gen_max": np.full(n, m.pcie_gen, dtype=np.int64),
-            "pcie_link_width": width.ravel(),
+            "pcie_link_width": rows(width),
             "pcie_link_width_max": np.full(n, m.pcie_width, dtype=np.int64),
-            "nvlink_up": up.reshape(n, -1),
-            "nvlink_crc_flit": cnt["nv_flit"].reshape(n, -1),
-            "nvlink_crc_data": cnt["nv_data"].reshape(n, -1),
-            "nvlink_replay": cnt["nv_replay"].reshape(n, -1),
-            "nvlink_recovery": cnt["nv_recov"].reshape(n, -1),
-            "clock_event_reasons": reasons.astype(np.int64).ravel(),
+            "nvlink_up": up,
+            "nvlink_crc_flit": cnt["nv_flit"],
+            "nvlink_crc_data": cnt["nv_data"],
+            "nvlink_replay": cnt["nv_replay"],
+            "nvlink_recovery": cnt["nv_recov"],
+            "clock_event_reasons": rows(reasons).astype(np.int64),
         }
-        down = self.down(ticks)
-        if down.any():
-            keep = ~np.repeat(down, gpn, axis=1).ravel()
-            cols = {k: v[keep] for k, v in cols.items()}
         return cols
 
     # -- events and incidents ------------------------------------------------------------
