@@ -9,7 +9,8 @@ import socket
 
 import pytest
 
-from fleetcare.api.app import create_app, start_server_thread
+from fleetcare.api.app import create_app
+from fleetcare.api.server import start_server_thread
 from fleetcare.collectors.contract import GpuSample
 from fleetcare.pipeline.schema import SAMPLE_COLUMNS
 
@@ -386,7 +387,7 @@ def test_start_server_thread_reports_a_taken_port(store):
         taken.listen()
         port = taken.getsockname()[1]
         with pytest.raises(RuntimeError, match=f"did not start on 127.0.0.1:{port}"):
-            start_server_thread(store, port=port, app=create_app(store), log_level="critical")
+            start_server_thread(create_app(store), port=port, log_level="critical")
 
 
 def test_concurrent_reads_while_the_service_writes(client, fleet, store):

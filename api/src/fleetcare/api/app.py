@@ -53,21 +53,19 @@ Authentication comes before parameter validation: a request without a valid toke
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable
 from importlib import metadata
 from typing import Any
 
 import duckdb
-import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from fleetcare.api import auth as _auth
-from fleetcare.api import queries, server, sessions
+from fleetcare.api import queries, sessions
 from fleetcare.api.request_bounds import DEFAULT_MAX_BODY_BYTES, BodyLimit, excerpt
 from fleetcare.api.routers import docs, nodes, operations, risk, service, tokens, web
 from fleetcare.api.routers.deps import AppContext, invalid
@@ -76,7 +74,7 @@ from fleetcare.collectors.agent_metrics import Family
 from fleetcare.models import scoring
 from fleetcare.pipeline.store import Store
 
-__all__ = ["create_app", "serve", "start_server_thread", "bound_port"]
+__all__ = ["create_app", "bound_port"]
 
 log = logging.getLogger(__name__)
 
@@ -247,20 +245,3 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
                    tokens.router, web.router):
         app.include_router(router)
     return app
-
-
-# Kept for callers that pass a store (``fleetcare serve``, the demo) until they build the
-# app and call ``fleetcare.api.server`` themselves.
-def serve(store: Store, host: str = "127.0.0.1", port: int = 8000, *,
-          log_level: str = "info", app: FastAPI | None = None) -> None:
-    """``server.serve`` of ``app`` (default: ``create_app(store)``)."""
-    server.serve(app if app is not None else create_app(store), host, port,
-                 log_level=log_level)
-
-
-def start_server_thread(store: Store, host: str = "127.0.0.1", port: int = 0, *,
-                        log_level: str = "warning", app: FastAPI | None = None,
-                        timeout_s: float = 15.0) -> tuple[uvicorn.Server, threading.Thread]:
-    """``server.start_server_thread`` of ``app`` (default: ``create_app(store)``)."""
-    return server.start_server_thread(app if app is not None else create_app(store), host,
-                                      port, log_level=log_level, timeout_s=timeout_s)

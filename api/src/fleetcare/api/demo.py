@@ -217,8 +217,9 @@ def run_demo(args: argparse.Namespace) -> int:
 
 def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_dir: Path,
                 backend: SimBackend, hist_end: dt.datetime) -> int:
-    from fleetcare.api.app import create_app, start_server_thread
+    from fleetcare.api.app import create_app
     from fleetcare.api.commands.common import print_top, top_risk
+    from fleetcare.api.server import start_server_thread
     from fleetcare.api.service import Service
 
     clock = ScaledClock(hist_end.timestamp(), speed=args.speed, wall=time.time)
@@ -241,8 +242,8 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     agent_thread = threading.Thread(target=agent.run, name="fleetcare-agent", daemon=True)
     agent_thread.start()
     svc.start()
-    server, thread = start_server_thread(store, args.host, args.port,
-                                         app=create_app(store, auth=False, drains=svc.drains))
+    server, thread = start_server_thread(create_app(store, auth=False, drains=svc.drains),
+                                         args.host, args.port)
     print(f"[3/4] live: agent -> embedded bus -> ingest -> rescoring every {args.score_every:g} s"
           f" (simulated time at {args.speed:g}x), drains decided in dry-run\n"
           f"[4/4] API and dashboard at http://{args.host}:{args.port}/  "
