@@ -53,8 +53,9 @@ POOL_X4 = (
 )
 HOME_X4 = (
     SimFleet("home-x4-a", 384, 60, 5101, "H100:2,A100:1,H200:1", 4),
-    SimFleet("home-x4-b", 384, 60, 5102, "H100:1,A100:1", 4),
 )
+"""One fleet drawn like the prior's training fleets (size, length, a mix of its GPUs), at
+x4, other seeds: the prior's "home" quality at x4, which the unseen pool is compared with."""
 POOL_REAL = tuple(
     [SimFleet(f"r96-{i}", 96, 45, 6001 + i, MIXES[i], 1) for i in range(5)]
     + [SimFleet(f"r512-{i}", 512, 30, 6101 + i, MIXES[i + 1], 1) for i in range(5)])
