@@ -465,3 +465,14 @@ def test_human_rounds_for_people() -> None:
         "0.412", "37.51", "1,235", "1.0e-05", "0.000", "12", "True", "-", "-"]
     assert human([0.123456, 2.0]) == "[0.123, 2.00]"
     assert human({"hbm": 0.8333333, "gsp": None}) == "hbm 0.833, gsp -"
+
+
+def test_the_demo_says_why_its_figures_differ_from_the_readme() -> None:
+    """Issue 12: a small fleet's budget allows no false drain; the prior at x8 rates."""
+    from fleetcare.api.demo import why_figures_differ
+
+    m = {"node_days": 390.2, "false_drains_allowed": 0}
+    line = why_figures_differ(m, "prior", 8.0)
+    assert "390 node-days allow 0 false drains" in line and "x8 the published rates" in line
+    line = why_figures_differ({"node_days": 1500.0, "false_drains_allowed": 1}, "fleet", 8.0)
+    assert "allow 1 false drain at" in line and "published rates" not in line
