@@ -170,3 +170,29 @@ def test_now_accepts_epoch_or_datetime(db: Store, receivers: Any) -> None:
     put_scores(db, T0, {"gpu01": 0.9})
     assert len(eng.evaluate(T0.replace(tzinfo=dt.UTC))) == 1
     assert eng.outbox.deliver_due(epoch(T0)).delivered == 1
+
+
+def test_old_messages_are_pruned_but_an_open_alert_keeps_its_last_firing(
+        db: Store, receivers: Any) -> None:
+    """The outbox is bounded: delivered messages go after 7 days, except the newest firing
+    message of an alert still open (the engine reads it: pruning it would page again)."""
+    recv = receivers()
+    clock = Clock()
+    eng = setup(db, recv.url(), clock)
+    put_scores(db, T0, {"gpu01": 0.9, "gpu02": 0.9})
+    assert [e.status for e in eng.evaluate(clock.at(T0))] == ["firing", "firing"]
+    assert eng.outbox.deliver_due(clock.at(T0)).delivered == 2
+    later = T0 + dt.timedelta(days=8)
+    put_scores(db, later, {"gpu01": 0.9, "gpu02": 0.1})       # gpu02 recovers
+    assert [e.status for e in eng.evaluate(clock.at(later))] == ["resolved"]
+    assert eng.outbox.deliver_due(clock.at(later)).delivered == 1
+    # pruned: gpu02's firing (8 days old, alert resolved); kept: gpu01's last firing
+    # (its alert is open) and gpu02's resolve (new)
+    rows = db.cursor().execute(
+        "SELECT alert_id LIKE '%gpu01%', event FROM alert_outbox ORDER BY seq").fetchall()
+    assert rows == [(True, "firing"), (False, "resolved")]
+    assert eng.evaluate(clock.at(later + minutes(1))) == []    # gpu01 is not paged again
+    much_later = later + dt.timedelta(days=8)
+    assert eng.outbox.prune(clock.at(much_later)) == 1         # the resolve
+    assert eng.outbox.stats() == {"pending": 0, "delivered": 1, "dead": 0}
+    assert len(recv.got) == 3

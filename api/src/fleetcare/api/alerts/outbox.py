@@ -10,7 +10,7 @@ Table ``alert_outbox`` (one row per message and sink)::
     id VARCHAR, sink VARCHAR, url VARCHAR, headers JSON, body BLOB, created_at TIMESTAMP,
     next_attempt_at TIMESTAMP, attempts INTEGER, last_error VARCHAR, delivered_at TIMESTAMP,
     alert_id VARCHAR, event VARCHAR, state VARCHAR  -- pending | delivered | dead
-    sign BOOLEAN, seq BIGINT
+    sign BOOLEAN, seq BIGINT, ended_at TIMESTAMP  -- delivered or given up
 
 Delivery: due messages are POSTed in order per sink (a sink's later message waits while an
 earlier one is backing off, so a PagerDuty ``resolve`` never overtakes its ``trigger``).
@@ -18,7 +18,10 @@ earlier one is backing off, so a PagerDuty ``resolve`` never overtakes its ``tri
 ``min(cap, base * 2**(attempts-1)) * (1 ± jitter)`` seconds (jitter from the injected rng);
 other 4xx are permanent. A message is given up as ``dead`` when permanent, or when it is
 still failing ``max_age_s`` after it was created: logged at ERROR (``alerts.dead``) and
-counted, never dropped silently. Across a crash between a POST and its bookkeeping the
+counted, never dropped silently. Delivered and dead messages are kept ``keep_s`` (7 days)
+after they ended, then pruned (hourly, from ``deliver_due``), except the newest firing
+message of each alert still open, which the engine reads to decide repeats: the table
+stays bounded. Across a crash between a POST and its bookkeeping the
 message is sent again (at least once); receivers dedup on PagerDuty's dedup_key,
 Alertmanager's fingerprint or ``X-Fleetcare-Delivery``.
 """
@@ -52,7 +55,13 @@ CREATE TABLE IF NOT EXISTS alert_outbox (
   alert_id VARCHAR, event VARCHAR, state VARCHAR NOT NULL DEFAULT 'pending',
   sign BOOLEAN NOT NULL DEFAULT false, seq BIGINT DEFAULT nextval('alert_outbox_seq')
 );
+ALTER TABLE alert_outbox ADD COLUMN IF NOT EXISTS ended_at TIMESTAMP;
 """
+
+KEEP_S = 7 * 86400.0
+"""How long delivered and dead messages stay in the outbox (for `fleetcare alerts` and
+/metrics), before ``prune``."""
+PRUNE_EVERY_S = 3600.0
 
 Post = Callable[[str, Mapping[str, str], bytes, float], int]
 """``post(url, headers, body, timeout_s) -> HTTP status``; raises OSError when no answer."""
@@ -108,7 +117,7 @@ class Outbox:
                  timeout_s: float = 10.0, base_s: float = 10.0, factor: float = 2.0,
                  cap_s: float = 600.0, jitter: float = 0.1, max_age_s: float = 86400.0,
                  batch: int = 100, rng: Callable[[], float] = random.random,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, keep_s: float = KEEP_S) -> None:
         self.store = store
         self.sinks = dict(sinks)
         self.post = post
@@ -118,6 +127,8 @@ class Outbox:
         self.batch = batch
         self.rng = rng
         self.clock = clock
+        self.keep_s = keep_s
+        self._pruned_at: float | None = None
         self.counters = {"delivered": 0, "retried": 0, "dead": 0}
         """Since this process started; ``stats()`` counts from the table."""
         self._lock = store_lock(store)
@@ -186,7 +197,7 @@ class Outbox:
                     error, permanent = f"{type(exc).__name__}: {exc}", False
                 if error is None:
                     self._update(msg_id, state="delivered", attempts=attempts,
-                                 delivered_at=when, last_error=None)
+                                 delivered_at=when, ended_at=when, last_error=None)
                     log.info("alerts.delivered id=%s sink=%s url=%s attempts=%d",
                              msg_id, sink_name, mask_url(url), attempts)
                     delivered += 1
@@ -208,7 +219,33 @@ class Outbox:
         self.counters["delivered"] += delivered
         self.counters["retried"] += retried
         self.counters["dead"] += dead
+        if self._pruned_at is None or epoch - self._pruned_at >= PRUNE_EVERY_S:
+            self.prune(epoch)
         return Delivery(delivered, retried, dead)
+
+    def prune(self, now: float | dt.datetime) -> int:
+        """Delete delivered and dead messages that ended more than ``keep_s`` before ``now``,
+        but not the newest firing message per sink of an alert that is still open.
+        Returns how many were deleted."""
+        epoch = to_epoch(now)
+        cutoff = to_naive_utc(epoch - self.keep_s)
+        with self._lock, self.store.transaction() as cur:
+            (open_alerts,) = cur.execute(
+                "SELECT count(*) FROM information_schema.tables WHERE table_name = 'alerts'"
+            ).fetchall()[0]
+            keep = ("" if not open_alerts else
+                    " AND NOT (o.event = 'firing' AND o.alert_id IN (SELECT id FROM alerts "
+                    "WHERE state <> 'resolved') AND o.created_at = (SELECT max(p.created_at) "
+                    "FROM alert_outbox p WHERE p.alert_id = o.alert_id AND p.sink = o.sink "
+                    "AND p.event = 'firing'))")
+            (n,) = cur.execute(
+                "DELETE FROM alert_outbox o WHERE o.state IN ('delivered', 'dead') "
+                "AND coalesce(o.ended_at, o.delivered_at, o.created_at) < ?" + keep,
+                [cutoff]).fetchall()[0]
+        self._pruned_at = epoch
+        if n:
+            log.info("alerts.pruned messages=%d older_than=%s", n, cutoff.isoformat())
+        return n
 
     def _update(self, msg_id: str, **cols: Any) -> None:
         sets = ", ".join(f"{k} = ?" for k in cols)
@@ -219,7 +256,7 @@ class Outbox:
     def _dead(self, msg_id: str, sink: str, url: str, attempts: int, when: dt.datetime,
               error: str) -> None:
         self._update(msg_id, state="dead", attempts=attempts, last_error=error,
-                     next_attempt_at=None)
+                     next_attempt_at=None, ended_at=when)
         log.error("alerts.dead id=%s sink=%s url=%s attempts=%d error=%s", msg_id, sink,
                   mask_url(url), attempts, _mask_error(error, url))
 
