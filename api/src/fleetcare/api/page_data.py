@@ -13,7 +13,7 @@ from typing import Any
 
 import duckdb
 
-from fleetcare.api.queries import finite, iso_z, parse_json
+from fleetcare.api.queries import MODEL_PROVENANCE, finite, iso_z, parse_json, select_columns
 from fleetcare.models.goodput import CostModel
 
 Cursor = duckdb.DuckDBPyConnection
@@ -90,11 +90,7 @@ def models(cur: Cursor, tables: set[str]) -> list[dict[str, Any]]:
     """Every registered model, newest first (no blobs)."""
     if "models" not in tables:
         return []
-    have = {r[0] for r in cur.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'models' "
-        "AND schema_name = current_schema() AND database_name = current_database()"
-    ).fetchall()}
-    extra = ", ".join(c if c in have else f"NULL AS {c}" for c in ("origin", "current_reason"))
+    extra = ", ".join(select_columns(cur, "models", MODEL_PROVENANCE))
     rows = cur.execute(
         f"SELECT model_id, created_at, horizon_h, is_current, metrics, {extra} FROM models "
         "ORDER BY created_at DESC").fetchall()

@@ -15,7 +15,7 @@ import datetime as dt
 import json
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import duckdb
@@ -361,10 +361,7 @@ def alerts(cur: Cursor, tables: set[str], *, state: str | None = None,
     """
     if "alerts" not in tables:
         return []
-    have = {r[0] for r in cur.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'alerts' "
-        "AND schema_name = current_schema() AND database_name = current_database()"
-    ).fetchall()}
+    have = table_columns(cur, "alerts")
     cols = [c if c in have else f"NULL AS {c}" for c in ALERT_COLUMNS]
     conds, params = ["TRUE"], []
     for col, val in (("state", state), ("node", node)):
@@ -445,15 +442,31 @@ def alert_stats(cur: Cursor, tables: set[str]) -> dict[str, list[tuple[str, int]
     return {"open": list(open_.items()), "messages": list(messages.items())}
 
 
+
+MODEL_PROVENANCE = ("origin", "current_reason")
+"""Registry columns a store made before the fleet prior (issue 12) may lack."""
+
+
+def table_columns(cur: Cursor, table: str) -> set[str]:
+    """The columns ``table`` has in this database (one made by an older version may lack
+    some)."""
+    return {r[0] for r in cur.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = ? "
+        "AND schema_name = current_schema() AND database_name = current_database()",
+        [table]).fetchall()}
+
+
+def select_columns(cur: Cursor, table: str, columns: Sequence[str]) -> list[str]:
+    """``columns`` of ``table`` as select items, ``NULL AS c`` for each one it lacks."""
+    have = table_columns(cur, table)
+    return [c if c in have else f"NULL AS {c}" for c in columns]
+
+
 def current_model(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
     """The registry row flagged ``is_current`` (newest if several); None if none."""
     if "models" not in tables:
         return None
-    have = {r[0] for r in cur.execute(
-        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'models' "
-        "AND schema_name = current_schema() AND database_name = current_database()"
-    ).fetchall()}
-    extra = ", ".join(c if c in have else f"NULL AS {c}" for c in ("origin", "current_reason"))
+    extra = ", ".join(select_columns(cur, "models", MODEL_PROVENANCE))
     row = cur.execute(
         f"""SELECT model_id, created_at, horizon_h, features, params, metrics, {extra}
         FROM models WHERE is_current ORDER BY created_at DESC NULLS LAST LIMIT 1"""
