@@ -94,3 +94,31 @@ def test_sample_keeps_every_positive_and_weights_the_rest(fleet):
     assert none.num_rows == 0
     with pytest.raises(ValueError, match="negatives=0"):
         dataset.sample(table, keep, negatives=0)
+
+
+def test_hard_negatives_are_kept_whole_and_the_weights_still_estimate_the_fleet(fleet):
+    store, spec = fleet
+    table = dataset.load(store, spec.start + dt.timedelta(days=1),
+                         spec.start + dt.timedelta(days=DAYS))
+    keep = np.ones(table.num_rows, dtype=bool)
+    pos = T._bool(table, "label") | T._bool(table, "node_label")
+    # a score that singles out the hottest healthy GPUs (a continuous one: a real cut)
+    p = np.nan_to_num(table.column("gpu_temp_resid_24h").to_numpy(zero_copy_only=False),
+                      nan=-1.0)
+    hard = dataset.hard_negatives(p, keep & ~pos, 0.05)
+    assert not (hard & pos).any()
+    cut = np.quantile(p[~pos], 0.95)
+    assert (p[hard] >= cut).all() and not (p[~pos & ~hard] >= cut).any()
+    assert hard.sum() == pytest.approx(0.05 * (~pos).sum(), rel=0.2)
+    a = dataset.sample(table, keep, negatives=0.1, seed=3, hard=hard)
+    plain = dataset.sample(table, keep, negatives=0.1, seed=3)
+    w = a.column(dataset.WEIGHT).to_numpy()
+    is_whole = w == 1.0
+    assert is_whole.sum() == pos.sum() + hard.sum()  # every hard row, once, weight 1
+    assert a.num_rows > plain.num_rows
+    healthy = ~(T._bool(a, "label") | T._bool(a, "node_label"))
+    # stratified: the hard rows at weight 1 plus the sampled rest at 1 / 0.1 still
+    # estimate the number of healthy rows
+    assert w[healthy].sum() == pytest.approx((~pos).sum(), rel=0.1)
+    assert not dataset.hard_negatives(p, keep & ~pos, 0.0).any()
+    assert not dataset.hard_negatives(p, np.zeros(len(p), dtype=bool), 0.05).any()

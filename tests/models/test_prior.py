@@ -33,6 +33,7 @@ def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
     assert meta["features"] == list(model.feature_names_in_)
     assert not any(f.startswith("nvlink_flaps") for f in meta["features"])
     assert meta["train_positives"] > 0 and meta["negatives"] == prior.NEGATIVES
+    assert meta["hard_negatives"] == prior.HARD_NEGATIVES
     assert meta["threshold"] == meta["validation"]["threshold"]
     assert "simulated" in meta["data"]
     path = prior.write(model, meta, tmp_path)

@@ -10,11 +10,18 @@ float32 (every counter delta below 2^24 is exact; the model reads float64 back).
 - ``aftermath(table, failures)``: the rows in the 24 h after one of their node's failures
   (``training.aftermath``'s rule), from the fleet's own failure list, so it holds across
   chunk boundaries.
-- ``sample(table, keep, negatives, seed)``: training rows: every positive, every row of a
-  node with a failure ahead, and a fixed share ``negatives`` of the other rows, chosen by
-  a hash of (GPU, time, seed) so that the same data gives the same rows. ``weight`` is 1
-  for the kept-whole rows and 1 / negatives for the sampled ones: the booster and the
-  calibrator see the fleet's base rate.
+- ``sample(table, keep, negatives, seed, hard)``: training rows: every positive, every
+  row of a node with a failure ahead, every *hard* healthy row (``hard``: e.g. the healthy
+  rows a first model scores highest, ``hard_negatives``), and a fixed share ``negatives``
+  of the other rows, chosen by a hash of (GPU, time, seed) so that the same data gives the
+  same rows. ``weight`` is 1 for the kept-whole rows and 1 / negatives for the sampled
+  ones: the booster and the calibrator see the fleet's base rate (a stratified sample,
+  each stratum weighted by the inverse of its sampling rate).
+- Why keep hard negatives whole: the healthy rows that look like a precursor (a burst of
+  corrected ECC that stops, a PCIe replay burst, a hot GPU: the simulator's decoys, a
+  real fleet's benign noise) are a few per thousand. Sampled at 5 % with weight 20, the
+  booster sees one row in twenty of them, each counting twenty times: too few to learn
+  where a precursor differs from a look-alike, which is what a false drain is.
 """
 
 from __future__ import annotations
@@ -118,13 +125,26 @@ def _hash_uniform(gpu: np.ndarray, ts: np.ndarray, seed: int) -> np.ndarray:
     return hash_uniform(seed, codes, ts.astype("datetime64[s]").astype(np.int64), 17)
 
 
-def sample(table: pa.Table, keep: np.ndarray, *, negatives: float, seed: int = 0
-           ) -> pa.Table:
+def hard_negatives(p: np.ndarray, candidates: np.ndarray, share: float) -> np.ndarray:
+    """The ``share`` of the ``candidates`` (healthy rows) with the highest score ``p``
+    (ties at the cut all kept): the rows ``sample`` keeps whole."""
+    out = np.zeros(len(p), dtype=bool)
+    if share <= 0 or not candidates.any():
+        return out
+    cut = np.quantile(np.asarray(p, dtype=np.float64)[candidates], 1.0 - min(share, 1.0))
+    out[candidates] = np.asarray(p)[candidates] >= cut
+    return out
+
+
+def sample(table: pa.Table, keep: np.ndarray, *, negatives: float, seed: int = 0,
+           hard: np.ndarray | None = None) -> pa.Table:
     """The rows of ``keep`` a training set takes, with a ``weight`` column (module doc)."""
     if not 0 < negatives <= 1:
         raise ValueError(f"negatives={negatives} must be in (0, 1]: the share of healthy "
                          "rows kept")
     whole = T._bool(table, "label") | T._bool(table, "node_label")
+    if hard is not None:
+        whole = whole | np.asarray(hard, dtype=bool)
     take = keep & whole
     if negatives < 1:
         gpu = T._str(table, "gpu_uuid")

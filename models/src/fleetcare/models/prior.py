@@ -9,6 +9,11 @@ precursor. Engine makers learn across every customer's engines; the prior learns
 (other seeds), which also fix its operating threshold (at most one false drain per
 1,000 node-days). None of them is in ``bench/bench_fleet_pool.py``'s pool.
 
+The build fits twice: a first model on the fleets' rows with healthy rows sampled at
+``NEGATIVES``, then the prior on the same rows plus, kept whole, the ``HARD_NEGATIVES``
+share of healthy rows the first model scores highest (the look-alikes a false drain is
+made of; ``dataset.sample``). Both samples are weighted to the fleets' base rate.
+
     python -m fleetcare.models.prior build --workdir var/prior   # ~1 h on 2 cores
 
 writes ``fleet_prior.json`` (the model) and ``fleet_prior.meta.json`` (fleets, feature
@@ -54,6 +59,9 @@ INTERVAL_S = 600
 """Sample interval of the simulated histories (the features it is trained on do not depend
 on it: counter deltas, XIDs, means; see ``training.model_features``)."""
 NEGATIVES = 0.05
+HARD_NEGATIVES = 0.05
+"""The share of healthy rows kept whole in the second stage of the build: those the
+first-stage model scores highest (``dataset.hard_negatives``)."""
 """Share of healthy GPU-hours the prior trains and calibrates on (``dataset.sample``)."""
 CAL_FRACTION = 0.25
 """The last quarter of each training fleet's time calibrates; the rest trains."""
@@ -172,19 +180,30 @@ def fleet_rows(workdir: str | Path, fleet: SimFleet, *, horizon_h: float = 24.0,
 
 
 # -- training ---------------------------------------------------------------------------------
-def training_rows(rows: FleetRows, *, horizon_h: float, seed: int) -> tuple[pa.Table, pa.Table]:
+def training_rows(rows: FleetRows, *, horizon_h: float, seed: int,
+                  first: FailureModel | None = None) -> tuple[pa.Table, pa.Table]:
     """(train, calibration) rows of one fleet, healthy rows down-sampled with weights: the
     last ``CAL_FRACTION`` of its time calibrates, the rest trains; the day after each
-    failure does neither (``training.aftermath``), nor a row whose label is not known."""
+    failure does neither (``training.aftermath``), nor a row whose label is not known.
+    With a ``first`` model, the ``HARD_NEGATIVES`` share of each part's healthy rows that
+    it scores highest is kept whole (``dataset.sample``'s hard negatives)."""
     table = rows.table
     ts = T.ts_column(table)
-    first, last = ts.min(), rows.last
-    b1 = first + (last - first) * (1 - CAL_FRACTION)
+    first_ts, last = ts.min(), rows.last
+    b1 = first_ts + (last - first_ts) * (1 - CAL_FRACTION)
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
-    fit = ~dataset.aftermath(table, rows.failures)
-    train = dataset.sample(table, (ts + H <= b1) & fit, negatives=NEGATIVES, seed=seed)
-    cal = dataset.sample(table, (ts >= b1) & (ts + H <= last) & fit, negatives=NEGATIVES,
-                         seed=seed + 1)
+    fit_ok = ~dataset.aftermath(table, rows.failures)
+    parts = {"train": (ts + H <= b1) & fit_ok, "cal": (ts >= b1) & (ts + H <= last) & fit_ok}
+    hard: dict[str, np.ndarray | None] = {k: None for k in parts}
+    if first is not None:
+        p = first.predict_proba(table)[:, 1]
+        healthy = ~(T._bool(table, "label") | T._bool(table, "node_label"))
+        hard = {k: dataset.hard_negatives(p, m & healthy, HARD_NEGATIVES)
+                for k, m in parts.items()}
+    train = dataset.sample(table, parts["train"], negatives=NEGATIVES, seed=seed,
+                           hard=hard["train"])
+    cal = dataset.sample(table, parts["cal"], negatives=NEGATIVES, seed=seed + 1,
+                         hard=hard["cal"])
     return train, cal
 
 
@@ -282,18 +301,21 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
     """Simulate (or reuse) the fleets, train, validate; returns the model and its meta."""
     say = say or (lambda _m: None)
     t0 = time.perf_counter()
-    trains, cals = [], []
-    for fleet in train_fleets:
-        tr, ca = training_rows(fleet_rows(workdir, fleet, horizon_h=horizon_h, say=say),
-                               horizon_h=horizon_h, seed=seed)
-        trains.append(tr)
-        cals.append(ca)
-        say(f"{fleet.name}: {tr.num_rows} train rows ({int(T._bool(tr, 'label').sum())} "
-            f"positive), {ca.num_rows} calibration rows")
-    train, cal = pa.concat_tables(trains), pa.concat_tables(cals)
-    del trains, cals
-    say(f"fitting on {train.num_rows} rows")
-    model = fit(train, cal, horizon_h=horizon_h, seed=seed)
+    model: FailureModel | None = None
+    for stage in ("first", "final"):
+        trains, cals = [], []
+        for fleet in train_fleets:
+            tr, ca = training_rows(fleet_rows(workdir, fleet, horizon_h=horizon_h, say=say),
+                                   horizon_h=horizon_h, seed=seed, first=model)
+            trains.append(tr)
+            cals.append(ca)
+            say(f"{stage} stage, {fleet.name}: {tr.num_rows} train rows "
+                f"({int(T._bool(tr, 'label').sum())} positive), {ca.num_rows} calibration rows")
+        train, cal = pa.concat_tables(trains), pa.concat_tables(cals)
+        del trains, cals
+        say(f"{stage} stage: fitting on {train.num_rows} rows")
+        model = fit(train, cal, horizon_h=horizon_h, seed=seed)
+    assert model is not None
     val = pooled([score_fleet(fleet_rows(workdir, f, horizon_h=horizon_h, say=say), model,
                               horizon_h=horizon_h) for f in validation_fleets])
     chosen = metrics_of(val)
@@ -303,6 +325,7 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
         "data": "simulated: fleetcare's fleet simulator calibrated to Llama 3's failure "
                 "table (published rates, failure scale 1)",
         "interval_s": INTERVAL_S, "horizon_h": horizon_h, "negatives": NEGATIVES,
+        "hard_negatives": HARD_NEGATIVES,
         "train_fleets": [asdict(f) for f in train_fleets],
         "validation_fleets": [asdict(f) for f in validation_fleets],
         "train_rows": train.num_rows, "train_positives": int(T._bool(train, "label").sum()),
