@@ -122,3 +122,13 @@ def test_post_incident_uses_ingest_time_bounds(api, ts, why):
     [item] = r.json()["detail"]
     assert item["loc"] == ["body", "ts"] and why in item["msg"]
     assert api.post("/v1/incidents", json=INCIDENT).status_code == 201
+
+
+def test_incidents_take_the_causes_ingest_takes(api):
+    """Issue 16: an operator's cause outside Table 5 (``other``, ``unknown``) is accepted
+    through the API as through ingest and the CSV import; a made-up one is a 422."""
+    ok = api.post("/v1/incidents", json=dict(INCIDENT, cause="other", note="fan: speed critical"))
+    assert ok.status_code in (200, 201), ok.text
+    assert api.post("/v1/incidents", json=dict(INCIDENT, cause="unknown")).status_code in (200, 201)
+    bad = api.post("/v1/incidents", json=dict(INCIDENT, cause="gremlins"))
+    assert bad.status_code == 422

@@ -215,3 +215,19 @@ def test_a_failure_already_recorded_by_another_source_is_not_derived_again(tmp_p
     store.insert_events([XidEvent(ts=t + dt.timedelta(hours=5), node="n1", xid=48,
                                   message="DBE", source="sim", gpu_uuid="GPU-1")])
     assert derive_from_xids(store) == 1
+
+
+def test_csv_takes_what_real_incident_data_holds():
+    """Issue 16: a cause outside Table 5 (``unknown``, ``other`` with the text in the
+    note), a repair with no failure before it, free text with commas and quotes."""
+    text = ("ts,node,gpu_uuid,kind,cause,mode,note\n"
+            "2025-03-01T10:00:00Z,n1,,failure,unknown,,\"Unknown Error, ticket #12\"\n"
+            "2025-03-01T12:00:00Z,n2,,failure,other,,\"Fan: Speed Critical (Sensor) \"\"FAN3\"\"\"\n"
+            "2025-03-02T10:00:00Z,n3,,repair,faulty_gpu,,reseated; no failure on record\n")
+    found = parse_csv(text)
+    assert [(i.node, i.kind, i.cause, i.note) for i in found] == [
+        ("n1", "failure", "unknown", "Unknown Error, ticket #12"),
+        ("n2", "failure", "other", 'Fan: Speed Critical (Sensor) "FAN3"'),
+        ("n3", "repair", "faulty_gpu", "reseated; no failure on record")]
+    with pytest.raises(ImportProblem, match="'other', with the text in the note"):
+        parse_csv("ts,node,kind,cause\n2025-03-01T10:00:00Z,n1,failure,fan broke\n")

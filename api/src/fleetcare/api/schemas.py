@@ -15,7 +15,7 @@ import msgspec
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, create_model, field_validator
 
 from fleetcare.collectors.contract import CAUSES, GpuSample
-from fleetcare.pipeline.limits import Limits
+from fleetcare.pipeline.limits import OPERATOR_CAUSES, Limits
 
 IsoTime = str
 """ISO-8601 UTC timestamp ending in 'Z', e.g. ``2026-01-31T12:00:00.250000Z``."""
@@ -198,13 +198,14 @@ class NodeLabelsOut(BaseModel):
 _LIMITS = Limits()  # the string bounds ingest applies (fleetcare.pipeline.limits), one source
 Name = Annotated[str, StringConstraints(min_length=1, max_length=_LIMITS.max_name_len,
                                         pattern=r"^[^\x00-\x1f\x7f]+$")]
-# A cause is one of the contract's CAUSES (the one list of them): pydantic validates and
+# A cause is one of the contract's CAUSES (Llama 3's Table 5) or the operator causes ingest
+# also accepts (``limits.OPERATOR_CAUSES``: unknown, other, ...): pydantic validates and
 # documents the Literal built from it at run time. mypy cannot evaluate a Literal built
 # at run time, so to mypy a cause is a str.
 if typing.TYPE_CHECKING:
     Cause: TypeAlias = str
 else:
-    Cause = Literal.__getitem__(tuple(CAUSES))
+    Cause = Literal.__getitem__((*CAUSES, *OPERATOR_CAUSES))
 
 
 class IncidentIn(BaseModel):

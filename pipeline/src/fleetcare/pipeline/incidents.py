@@ -53,7 +53,7 @@ from typing import Any
 
 from fleetcare.collectors.contract import CAUSES, Incident, utc
 from fleetcare.collectors.xid import DEFAULT_CATALOG, XidCatalog
-from fleetcare.pipeline.limits import Limits
+from fleetcare.pipeline.limits import KNOWN_CAUSES, OPERATOR_CAUSES, Limits
 from fleetcare.pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -250,9 +250,10 @@ def validate(*, ts: dt.datetime, node: str, kind: str, cause: str, source: str,
         raise IncidentError("node", node, "node is empty: name the node, e.g. gpu-node-017")
     if kind not in KINDS:
         raise IncidentError("kind", kind, f"kind {kind!r} is not one of {', '.join(KINDS)}")
-    if cause not in CAUSES:
+    if cause not in KNOWN_CAUSES:
         raise IncidentError("cause", cause, f"cause {cause!r} is unknown; valid causes: "
-                            f"{', '.join(CAUSES)}")
+                            f"{', '.join([*CAUSES, *OPERATOR_CAUSES])} (a cause of your own: "
+                            "'other', with the text in the note)")
     return Incident(ts=utc(ts), node=node.strip(), kind=kind, cause=cause,  # type: ignore[arg-type]
                     source=source, gpu_uuid=gpu_uuid or None, mode=mode or None,
                     note=note or None)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fleetcare.collectors.contract import CAUSES
+from fleetcare.pipeline.limits import OPERATOR_CAUSES
 
 
 def add_parser(subparsers: Any) -> None:
@@ -29,7 +30,9 @@ def add_parser(subparsers: Any) -> None:
     a = sub.add_parser("add", help="record one incident by hand")
     a.add_argument("node", metavar="NODE")
     a.add_argument("--gpu", help="GPU UUID to blame (omit for the whole node)")
-    a.add_argument("--cause", required=True, help=f"one of: {', '.join(CAUSES)}")
+    a.add_argument("--cause", required=True,
+                   help=f"one of: {', '.join([*CAUSES, *OPERATOR_CAUSES])} ('other': say what "
+                        "in --note)")
     a.add_argument("--at", required=True, metavar="TIME",
                    help="ISO-8601 time (naive = UTC) or 'now'")
     a.add_argument("--kind", default="failure", choices=("failure", "repair", "rma"))
