@@ -69,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 PLUGIN_COMMANDS = ("simulate", "train", "score", "serve", "demo", "ingest", "quarantine", "incident",
-                   "backfill", "retention", "tokens", "alerts", "drain", "evaluate", "models")
+                   "backfill", "retention", "tokens", "alerts", "drain", "evaluate", "models",
+                   "recurrence")
 """Commands that live in their own module ``fleetcare.api.commands.<name>``, each with
 ``add_parser(subparsers) -> None`` (registering exactly one sub-command named <name>)
 and ``run(args, cfg: Settings) -> int``; what they share is public in
