@@ -28,6 +28,7 @@ import logging
 import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import msgspec
 
@@ -87,7 +88,7 @@ def parse_counter(text: str | None) -> int | None:
 
 
 def _port_dirs(root: Path) -> list[tuple[str, int, Path]]:
-    out = []
+    out: list[tuple[str, int, Path]] = []
     try:
         devices = sorted(p for p in root.iterdir() if p.is_dir())
     except OSError:
@@ -104,7 +105,7 @@ def _port_dirs(root: Path) -> list[tuple[str, int, Path]]:
 def read_port(port_dir: Path, *, node: str, device: str, port: int,
               now: dt.datetime) -> NicSample:
     """One port directory as a ``NicSample`` (unreadable values are None)."""
-    counters = {name: parse_counter(_read(port_dir / "counters" / name))
+    counters: dict[str, Any] = {name: parse_counter(_read(port_dir / "counters" / name))
                 for name in NIC_COUNTER_BITS}
     hw_names: list[str] = []
     hw_values: list[int] = []

@@ -312,9 +312,9 @@ class RecordChecks:
             p.append(("nic_port_out_of_range", f"port = {n.port!r} is outside {lo}..{hi}"))
         if n.rate_gbps is not None and "rate_gbps" not in unusable \
                 and not _in(n.rate_gbps, lim.nic_rate_gbps):
-            lo, hi = lim.nic_rate_gbps
+            low, high = lim.nic_rate_gbps
             p.append(("nic_rate_out_of_range",
-                      f"rate_gbps = {n.rate_gbps!r} is outside {lo:g}..{hi:g} Gb/s"))
+                      f"rate_gbps = {n.rate_gbps!r} is outside {low:g}..{high:g} Gb/s"))
         for name in NIC_COUNTER_BITS:
             v = getattr(n, name)
             if v is None or name in unusable:
