@@ -145,3 +145,20 @@ def test_flap_rollup_on_a_crafted_sequence(tmp_path: Path) -> None:
     other = rows[("mlx5_1", 12)]
     assert (other["flaps"], other["min_rate_gbps"], other["max_rate_gbps"]) == (0, 400.0, 400.0)
     assert rows[("mlx5_1", 13)]["min_rate_gbps"] == 200.0
+
+
+def test_incremental_refresh_with_late_samples_equals_a_full_rebuild(tmp_path: Path) -> None:
+    store = Store(tmp_path / "f.duckdb")
+    early = [nic(m, link_downed=m // 10) for m in range(0, 60, 10)]      # hour 12
+    store.insert_nic_samples(early)
+    assert nic_rollup.refresh(store) == 1
+    later = [nic(m, link_downed=9, state="DOWN") for m in (70, 130)]     # hours 13, 14
+    late = [nic(55, device="mlx5_1", link_downed=1)]                     # back in hour 12
+    store.insert_nic_samples(later)
+    store.insert_nic_samples(late)
+    assert nic_rollup.refresh(store) == 4  # hour 12 (late data) on: 12 x2 ports, 13, 14
+    incremental = nic_rollup.hourly(store)
+    nic_rollup.refresh(store, full=True)
+    assert nic_rollup.hourly(store) == incremental
+    h13 = [r for r in incremental if r["device"] == "mlx5_0" and r["hour"].hour == 13][0]
+    assert (h13["downs"], h13["link_downed_inc"], h13["flaps"]) == (1, 4, 4)  # 5 -> 9

@@ -22,22 +22,30 @@ was the counter's maximum (saturated: a later value equal to it says nothing). A
 PMA, unreadable) is skipped: the next value is compared with the last non-null one. A
 port's first sample counts 0.
 
-``refresh(store)`` rebuilds the table from ``nic_telemetry`` (NIC samples are one row per
-port per tick, a small fraction of GPU telemetry); it is not incremental yet.
+``refresh(store)`` is incremental: it rebuilds the hours from the newest rolled-up hour
+(the last, partial one) on, or from the hour of the oldest NIC sample inserted since the
+last refresh when that is older (late data: the store lowers
+``store.NIC_DIRTY_SINCE_KEY`` on every insert). Each step compares with the port's
+previous sample found within ``LOOKBACK`` before the first rebuilt hour; a port silent for
+longer starts again from 0. ``full=True`` rebuilds everything. ``features.refresh`` calls
+it beside the GPU rollup.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 
 from fleetcare.collectors.contract import NIC_COUNTER_BITS, nic_counter_max
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import NIC_DIRTY_SINCE_KEY, Store
 
 log = logging.getLogger(__name__)
 
 TABLE = "nic_hourly"
 COUNTERS = tuple(NIC_COUNTER_BITS)
 KEY = ("node", "device", "port")
+LOOKBACK = dt.timedelta(days=1)
+"""How far before the first rebuilt hour a port's previous sample is looked for."""
 
 
 def _inc(name: str) -> str:
@@ -49,8 +57,8 @@ def _inc(name: str) -> str:
             f"ELSE {name} - {prev} END AS {name}_step")
 
 
-def rollup_sql() -> str:
-    """The SELECT that computes every ``nic_hourly`` row from ``nic_telemetry``."""
+def rollup_sql(where: str = "true") -> str:
+    """The SELECT of ``nic_hourly`` rows from the ``nic_telemetry`` rows matching ``where``."""
     steps = ",\n      ".join(_inc(c) for c in COUNTERS)
     sums = ",\n    ".join(f"sum({c}_step)::BIGINT AS {c}_inc" for c in COUNTERS)
     sat = " OR ".join(f"{c} >= {nic_counter_max(c)}" for c in COUNTERS)
@@ -65,6 +73,7 @@ WITH steps AS (
       coalesce(({sat}), false) AS sat_step,
       {steps}
   FROM nic_telemetry
+  WHERE {where}
   WINDOW w AS (PARTITION BY node, device, port ORDER BY ts)
 )
 SELECT node, device, port, hour,
@@ -82,13 +91,35 @@ GROUP BY node, device, port, hour
 """
 
 
-def refresh(store: Store) -> int:
-    """Rebuild ``nic_hourly`` from ``nic_telemetry``; returns its rows."""
+def _hour(ts: dt.datetime) -> dt.datetime:
+    return ts.replace(minute=0, second=0, microsecond=0)
+
+
+def refresh(store: Store, *, full: bool = False) -> int:
+    """Bring ``nic_hourly`` up to date with ``nic_telemetry``; returns the rows rebuilt."""
     with store._lock, store.transaction() as cur:
-        cur.execute(f"CREATE OR REPLACE TABLE {TABLE} AS {rollup_sql()} "
-                    "ORDER BY node, device, port, hour").fetchall()
-        rows = cur.execute(f"SELECT count(*) FROM {TABLE}").fetchall()[0][0]
-    log.info("nic_rollup.refreshed rows=%d", rows)
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} AS {rollup_sql('false')}").fetchall()
+        last = cur.execute(f"SELECT max(hour) FROM {TABLE}").fetchall()[0][0]
+        dirty = cur.execute("SELECT value FROM meta WHERE key = ?",
+                            [NIC_DIRTY_SINCE_KEY]).fetchall()
+        if full or last is None:
+            lo = None
+        else:
+            lo = last
+            if dirty:
+                lo = min(lo, _hour(dt.datetime.fromisoformat(dirty[0][0])))
+        if lo is None:
+            cur.execute(f"DELETE FROM {TABLE}").fetchall()
+            where, params = "true", []
+        else:
+            cur.execute(f"DELETE FROM {TABLE} WHERE hour >= ?", [lo]).fetchall()
+            where, params = "ts >= ?", [lo - LOOKBACK]
+        rows = cur.execute(
+            f"INSERT INTO {TABLE} SELECT * FROM ({rollup_sql(where)}) WHERE hour >= ? "
+            "ORDER BY node, device, port, hour",
+            [*params, lo or dt.datetime(1970, 1, 1)]).fetchall()[0][0]
+        cur.execute("DELETE FROM meta WHERE key = ?", [NIC_DIRTY_SINCE_KEY]).fetchall()
+    log.info("nic_rollup.refreshed from=%s rows=%d", lo, rows)
     return int(rows)
 
 

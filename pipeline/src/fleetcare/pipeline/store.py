@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 DIRTY_SINCE_KEY = "telemetry.dirty_since"
 """meta key: the oldest sample ts inserted since the last rollup (``rollup.refresh``)."""
+NIC_DIRTY_SINCE_KEY = "nic_telemetry.dirty_since"
+"""meta key: the oldest NIC sample ts inserted since the last ``nic_rollup.refresh``."""
 
 
 class StoreError(Exception):
@@ -226,6 +228,8 @@ class Store:
         the contract's schema; idempotent by the table's natural key. Returns rows added."""
         if table == "telemetry":
             return self.insert_samples(data)
+        if table == "nic_telemetry":
+            return self._insert_nics(data)
         keys = {"xid_events": schema.EVENT_KEY, "incidents": schema.INCIDENT_KEY,
                 "nic_telemetry": schema.NIC_KEY}
         if table not in keys:
@@ -238,8 +242,8 @@ class Store:
             self.mark_dirty(pc.min(data.column("ts")).as_py())
         return self._insert_new("telemetry", data, schema.SAMPLE_KEY)
 
-    def mark_dirty(self, lo: dt.datetime) -> None:
-        """Lower ``DIRTY_SINCE_KEY`` to ``lo``, the oldest incoming sample's ts.
+    def mark_dirty(self, lo: dt.datetime, *, key: str = DIRTY_SINCE_KEY) -> None:
+        """Lower ``key`` (default ``DIRTY_SINCE_KEY``) to ``lo``, the oldest incoming ts.
 
         ``rollup.refresh`` re-rolls from there, so samples that arrive after their hour was
         rolled up (late, out of order) are not missed. Written before the rows: a crash in
@@ -250,7 +254,7 @@ class Store:
             self.con.execute(
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
                 "SET value = excluded.value WHERE excluded.value < meta.value",
-                [DIRTY_SINCE_KEY, lo.isoformat()],
+                [key, lo.isoformat()],
             ).fetchall()
 
     def insert_sample_columns(self, columns: Mapping[str, np.ndarray]) -> int:
@@ -272,8 +276,12 @@ class Store:
 
     def insert_nic_samples(self, nics: Iterable[NicSample]) -> int:
         """Land NIC port samples in ``nic_telemetry`` (natural key ``schema.NIC_KEY``)."""
-        return self._insert_new("nic_telemetry", records_to_arrow(nics, schema.NIC_SCHEMA),
-                                schema.NIC_KEY)
+        return self._insert_nics(records_to_arrow(nics, schema.NIC_SCHEMA))
+
+    def _insert_nics(self, data: pa.Table) -> int:
+        if data.num_rows:
+            self.mark_dirty(pc.min(data.column("ts")).as_py(), key=NIC_DIRTY_SINCE_KEY)
+        return self._insert_new("nic_telemetry", data, schema.NIC_KEY)
 
     def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
         """Land decoded batches; returns rows added (samples, events, incidents). NIC
@@ -292,7 +300,7 @@ class Store:
             self._insert_new("xid_events", tables[1], schema.EVENT_KEY),
             self._insert_new("incidents", tables[2], schema.INCIDENT_KEY),
         )
-        self.nic_rows_added += self._insert_new("nic_telemetry", nics, schema.NIC_KEY)
+        self.nic_rows_added += self._insert_nics(nics)
         return added
 
     def quarantine(self, source: str, reason: str, raw: bytes, *,
