@@ -119,6 +119,7 @@ def test_flap_rollup_on_a_crafted_sequence(tmp_path: Path) -> None:
         # than a tick (ACTIVE on both sides, counter +2) = 2 flaps
         nic(0, link_downed=5, symbol_error=100),
         nic(10, state="DOWN", phys_state="Polling", link_downed=6, symbol_error=100),
+        nic(15, state=None, phys_state=None, link_downed=None, symbol_error=None),
         nic(20, link_downed=6, symbol_error=180),
         nic(30, link_downed=8, symbol_error=None),    # a null is skipped, not a reset
         nic(40, link_downed=8, symbol_error=200),     # +20 against the last non-null (180)
@@ -138,7 +139,7 @@ def test_flap_rollup_on_a_crafted_sequence(tmp_path: Path) -> None:
     h12, h13 = rows[("mlx5_0", 12)], rows[("mlx5_0", 13)]
     assert (h12["samples"], h12["downs"], h12["link_downed_inc"], h12["flaps"],
             h12["state_changes"], h12["symbol_error_inc"], h12["saturated"]) == \
-        (5, 1, 3, 3, 2, 100, False)
+        (6, 1, 3, 3, 2, 100, False)
     assert (h13["samples"], h13["downs"], h13["link_downed_inc"], h13["flaps"],
             h13["symbol_error_inc"], h13["saturated"], h13["last_state"]) == \
         (3, 0, 255, 255, 3, True, "ACTIVE")

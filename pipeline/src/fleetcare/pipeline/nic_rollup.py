@@ -4,8 +4,8 @@
 hour, computed from ``nic_telemetry`` by comparing each sample with the port's previous
 one (ordered by ts):
 
-- ``downs``: transitions out of ``ACTIVE`` (previous state ACTIVE, this one another
-  non-null state);
+- ``downs``: transitions out of ``ACTIVE`` (the previous non-null state ACTIVE, this one
+  another non-null state: an unreadable ``state`` between them hides nothing);
 - ``link_downed_inc``: the increase of the ``link_downed`` counter (below);
 - ``flaps``: per step, the larger of the two: a flap seen both ways (the sample caught the
   port down *and* the counter rose) counts once, and one shorter than a tick (state
@@ -66,10 +66,9 @@ def rollup_sql(where: str = "true") -> str:
 WITH steps AS (
   SELECT node, device, port, ts, state, rate_gbps,
       date_trunc('hour', ts) AS hour,
-      CASE WHEN lag(state) OVER w = 'ACTIVE' AND state IS NOT NULL AND state <> 'ACTIVE'
+      CASE WHEN lag(state IGNORE NULLS) OVER w = 'ACTIVE' AND state <> 'ACTIVE'
            THEN 1 ELSE 0 END AS down_step,
-      CASE WHEN lag(state) OVER w IS NOT NULL AND state IS NOT NULL
-                AND state <> lag(state) OVER w THEN 1 ELSE 0 END AS change_step,
+      CASE WHEN state <> lag(state IGNORE NULLS) OVER w THEN 1 ELSE 0 END AS change_step,
       coalesce(({sat}), false) AS sat_step,
       {steps}
   FROM nic_telemetry
