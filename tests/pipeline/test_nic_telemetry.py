@@ -163,3 +163,42 @@ def test_incremental_refresh_with_late_samples_equals_a_full_rebuild(tmp_path: P
     assert nic_rollup.hourly(store) == incremental
     h13 = [r for r in incremental if r["device"] == "mlx5_0" and r["hour"].hour == 13][0]
     assert (h13["downs"], h13["link_downed_inc"], h13["flaps"]) == (1, 4, 4)  # 5 -> 9
+
+
+def test_retention_prunes_raw_nic_samples_the_rollup_no_longer_needs(tmp_path: Path) -> None:
+    from fleetcare.pipeline import retention
+
+    store = Store(tmp_path / "f.duckdb")
+    day = [nic(m, link_downed=m // 600) for m in range(0, 3 * 24 * 60, 60)]  # 3 days hourly
+    store.insert_nic_samples(day)
+    nic_rollup.refresh(store)
+    before = nic_rollup.hourly(store)
+    last = T0.replace(tzinfo=None) + dt.timedelta(hours=71)
+    assert nic_rollup.prune(store, last, dry_run=True) == 47  # kept: a day before the last hour
+    assert nic_rollup.prune(store, last) == 47
+    assert store.cursor().execute("SELECT min(ts) FROM nic_telemetry").fetchone() == (
+        last - nic_rollup.LOOKBACK,)
+    nic_rollup.refresh(store)
+    assert nic_rollup.hourly(store) == before  # the rollup keeps every hour
+    # retention cuts NIC samples with the GPU cut: none before the GPU rollup ran
+    r = retention.apply(store, dt.timedelta(hours=12), now=T0 + dt.timedelta(days=3))
+    assert (r.cutoff, r.nic_deleted) == (None, 0)
+    from fleetcare.pipeline import features
+    from tests.collectors.test_contract import sample
+
+    store.insert_sample_records([sample(node="gpu-07", ts=T0 + dt.timedelta(hours=h))
+                                 for h in range(72)])
+    features.refresh(store)
+    r = retention.apply(store, dt.timedelta(hours=12), now=T0 + dt.timedelta(days=3))
+    assert r.cutoff == T0.replace(tzinfo=None) + dt.timedelta(hours=60)
+    assert r.nic_deleted == 0  # the NIC cut stops a LOOKBACK before the newest NIC hour
+    r = retention.apply(store, dt.timedelta(hours=1), now=T0 + dt.timedelta(days=3))
+    assert r.nic_deleted == 0
+    # a day later: the NIC cut follows the rollup (a LOOKBACK before its newest hour)
+    store.insert_nic_samples([nic(m, link_downed=7) for m in range(72 * 60, 96 * 60, 60)])
+    store.insert_sample_records([sample(node="gpu-07", ts=T0 + dt.timedelta(hours=h))
+                                 for h in range(72, 96)])
+    features.refresh(store)
+    r = retention.apply(store, dt.timedelta(hours=12), now=T0 + dt.timedelta(days=4))
+    assert r.cutoff == T0.replace(tzinfo=None) + dt.timedelta(hours=84)
+    assert r.nic_deleted == 24  # hours 47..70; kept from 71 = 95 - LOOKBACK

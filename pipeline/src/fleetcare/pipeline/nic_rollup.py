@@ -27,8 +27,13 @@ port's first sample counts 0.
 last refresh when that is older (late data: the store lowers
 ``store.NIC_DIRTY_SINCE_KEY`` on every insert). Each step compares with the port's
 previous sample found within ``LOOKBACK`` before the first rebuilt hour; a port silent for
-longer starts again from 0. ``full=True`` rebuilds everything. ``features.refresh`` calls
+longer starts again from 0. ``full=True`` rebuilds every hour that still has raw NIC
+samples (hours before the oldest one are kept as they are). ``features.refresh`` calls
 it beside the GPU rollup.
+
+``prune(store, cutoff)`` (called by ``retention.apply`` with the GPU cut) deletes raw NIC
+samples before ``cutoff`` that the rollup no longer needs: never past ``LOOKBACK`` before
+the newest rolled-up hour, nor before the NIC dirty mark (late data waiting).
 """
 
 from __future__ import annotations
@@ -101,8 +106,11 @@ def refresh(store: Store, *, full: bool = False) -> int:
         last = cur.execute(f"SELECT max(hour) FROM {TABLE}").fetchall()[0][0]
         dirty = cur.execute("SELECT value FROM meta WHERE key = ?",
                             [NIC_DIRTY_SINCE_KEY]).fetchall()
-        if full or last is None:
+        if last is None:
             lo = None
+        elif full:
+            oldest = cur.execute("SELECT min(ts) FROM nic_telemetry").fetchall()[0][0]
+            lo = _hour(oldest) if oldest is not None else None
         else:
             lo = last
             if dirty:
@@ -120,6 +128,27 @@ def refresh(store: Store, *, full: bool = False) -> int:
         cur.execute("DELETE FROM meta WHERE key = ?", [NIC_DIRTY_SINCE_KEY]).fetchall()
     log.info("nic_rollup.refreshed from=%s rows=%d", lo, rows)
     return int(rows)
+
+
+def prune(store: Store, cutoff: dt.datetime, *, dry_run: bool = False) -> int:
+    """Delete ``nic_telemetry`` rows before ``cutoff`` (naive UTC) that are rolled up for
+    good; returns the rows deleted (``dry_run``: that would be)."""
+    with store._lock, store.transaction() as cur:
+        cur.execute(f"CREATE TABLE IF NOT EXISTS {TABLE} AS {rollup_sql('false')}").fetchall()
+        last = cur.execute(f"SELECT max(hour) FROM {TABLE}").fetchall()[0][0]
+        if last is None:
+            return 0
+        cut = min(cutoff, last - LOOKBACK)
+        dirty = cur.execute("SELECT value FROM meta WHERE key = ?",
+                            [NIC_DIRTY_SINCE_KEY]).fetchall()
+        if dirty:
+            cut = min(cut, _hour(dt.datetime.fromisoformat(dirty[0][0])) - LOOKBACK)
+        n = cur.execute("SELECT count(*) FROM nic_telemetry WHERE ts < ?",
+                        [cut]).fetchall()[0][0]
+        if n and not dry_run:
+            cur.execute("DELETE FROM nic_telemetry WHERE ts < ?", [cut]).fetchall()
+            log.info("nic_rollup.pruned cutoff=%s deleted=%d", cut, n)
+    return int(n)
 
 
 def hourly(store: Store, *, node: str | None = None) -> list[dict[str, object]]:
