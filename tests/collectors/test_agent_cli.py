@@ -18,7 +18,7 @@ import pytest
 
 from fleetcare.collectors import cli
 from fleetcare.collectors.backend import Reading
-from fleetcare.collectors.contract import SCHEMA_VERSION, XidEvent, decode_batch
+from fleetcare.collectors.contract import XidEvent, batch_version, decode_batch
 from fleetcare.collectors.transport.embedded import EmbeddedConsumer
 from tests.collectors.test_kafka_bus import kafka_broker  # noqa: F401  (session fixture)
 
@@ -58,7 +58,7 @@ def test_bad_interval_from_env_names_the_variable(capsys, monkeypatch) -> None:
 def test_unknown_backend_lists_the_valid_ones(capsys) -> None:
     err = usage_error(capsys, ["--backend", "sim", "--backend", "nvml,gpud"])
     assert err == ("fleetcare-agent: error: --backend: unknown backend 'gpud'; use one or more "
-                   "of nvml, dcgm-exporter, kernel-log, sim")
+                   "of nvml, dcgm-exporter, kernel-log, sim, infiniband")
 
 
 def test_bad_config_key_names_it(capsys, tmp_path) -> None:
@@ -195,7 +195,7 @@ def check_ticks(batches, node: str, nodes: int) -> int:
     by_node = defaultdict(list)
     for key, b in batches:
         assert key == b.node
-        assert b.schema_version == SCHEMA_VERSION
+        assert b.schema_version == batch_version(bool(b.nics)) == 1  # no NICs: version 1
         by_node[b.node].append(b)
     assert sorted(by_node) == [f"{node}-{i}" for i in range(nodes)]
     counts = {n: len(bs) for n, bs in by_node.items()}

@@ -68,6 +68,13 @@ fleetcare_agent_samples_sent_total 72
 bus or spool was full).
 # TYPE fleetcare_agent_samples_dropped_total counter
 fleetcare_agent_samples_dropped_total 8
+# HELP fleetcare_agent_nic_samples_read_total InfiniBand/RoCE port samples read (the \
+infiniband backend).
+# TYPE fleetcare_agent_nic_samples_read_total counter
+fleetcare_agent_nic_samples_read_total 0
+# HELP fleetcare_agent_nic_samples_sent_total InfiniBand/RoCE port samples the bus accepted.
+# TYPE fleetcare_agent_nic_samples_sent_total counter
+fleetcare_agent_nic_samples_sent_total 0
 # HELP fleetcare_agent_batches_sent_total Per-node batches the bus accepted.
 # TYPE fleetcare_agent_batches_sent_total counter
 fleetcare_agent_batches_sent_total 9

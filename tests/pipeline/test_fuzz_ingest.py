@@ -42,6 +42,7 @@ from fleetcare.collectors.contract import (
     Batch,
     GpuSample,
     Incident,
+    NicSample,
     XidEvent,
 )
 from fleetcare.collectors.transport import TELEMETRY_TOPIC, Record
@@ -86,10 +87,18 @@ def _templates() -> list[Batch]:
                   process="python")
     inc = Incident(ts=T0, node=NODE, kind="failure", cause="faulty_gpu", source="sim",
                    gpu_uuid="GPU-0", mode="pcie", xid=79, note="fuzz")
+    nic = NicSample(ts=T0, node=NODE, device="mlx5_0", port=1, link_layer="InfiniBand",
+                    state="ACTIVE", phys_state="LinkUp", rate_gbps=400.0, symbol_error=0,
+                    link_error_recovery=0, link_downed=255, port_rcv_errors=3,
+                    port_xmit_discards=65535, local_link_integrity_errors=0,
+                    saturated=["link_downed", "port_xmit_discards"],
+                    hw_counter_names=["out_of_buffer", "local_ack_timeout_err"],
+                    hw_counter_values=[0, 3])
     b = Batch(schema_version=SCHEMA_VERSION, node=NODE, seq=1, sent_at=T0)
     return [msgspec.structs.replace(b, samples=[s(i, **full) for i in range(3)]),
             msgspec.structs.replace(b, seq=2, samples=[s(7)]),
-            msgspec.structs.replace(b, seq=3, events=[ev], incidents=[inc])]
+            msgspec.structs.replace(b, seq=3, events=[ev], incidents=[inc]),
+            msgspec.structs.replace(b, seq=4, nics=[nic])]
 
 
 TEMPLATES = _templates()
@@ -139,7 +148,7 @@ def message(draw: st.DrawFn) -> tuple[str, bytes, bytes, Batch | None]:
     if kind == "key":
         return kind, draw(st.binary(max_size=12)), raw, None
     mutated = msgspec.json.decode(msgspec.json.encode(obj))  # a deep copy
-    section = draw(st.sampled_from([s for s in ("samples", "events", "incidents")
+    section = draw(st.sampled_from([s for s in ("samples", "events", "incidents", "nics")
                                     if mutated[s]]))
     rec = mutated[section][draw(st.integers(0, len(mutated[section]) - 1))]
     name = draw(st.sampled_from(sorted(rec)))
@@ -152,6 +161,8 @@ def message(draw: st.DrawFn) -> tuple[str, bytes, bytes, Batch | None]:
         rec[name] = draw(st.sampled_from(HUGE_INTS))
         if isinstance(rec.get("nvlink_crc_flit"), list) and draw(st.booleans()):
             rec["nvlink_crc_flit"][0] = draw(st.sampled_from(HUGE_INTS))
+        if isinstance(rec.get("hw_counter_values"), list) and draw(st.booleans()):
+            rec["hw_counter_values"][0] = draw(st.sampled_from(HUGE_INTS))
     elif kind == "odd_value":
         rec[name] = draw(st.sampled_from(ODD_VALUES))
     else:  # bad_utf8: the node name's bytes replaced by bytes that are not UTF-8

@@ -45,7 +45,7 @@ T0 = DAY + dt.timedelta(hours=4, minutes=30)
 DATE = f"{T0:%Y-%m-%d}"
 GPUS = 4
 SUMMARY_KEYS = {"records", "samples", "events", "incidents", "quarantined", "reason",
-                "seconds", "commits", "commit_failures", "worker_id"}
+                "seconds", "commits", "commit_failures", "nics", "worker_id"}
 
 
 # -- a stream with known contents ---------------------------------------------------------------

@@ -53,6 +53,7 @@ def test_layout_by_date_and_hour_one_file_per_partition_per_flush(tmp_path: Path
         "incidents/_schema.parquet",
         f"incidents/date={DATE}/hour=04/w1-00000005.parquet",
         f"incidents/date={DATE}/hour=05/w1-00000006.parquet",
+        "nic_telemetry/_schema.parquet",
         "quarantine/_schema.parquet",
         "telemetry/_schema.parquet",
         f"telemetry/date={DATE}/hour=04/w1-00000001.parquet",

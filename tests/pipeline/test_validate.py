@@ -200,7 +200,7 @@ ENVELOPE_CASES: list[tuple[str, bytes, str, str, str]] = [
     ("message key is not the batch node", encode(good_dict(), "msgpack"), "node-00002",
      "key_mismatch", "batch node 'node-00001' does not match the message key 'node-00002'"),
     ("batch with no records", encode(_msg(samples=[], events=[], incidents=[]), "msgpack"),
-     NODE, "empty_batch", "has no samples, events or incidents"),
+     NODE, "empty_batch", "has no samples, events, incidents or nics"),
     ("empty batch node", encode(_msg(node=""), "msgpack"), "", "empty_field",
      "batch node = '' is empty"),
 ]

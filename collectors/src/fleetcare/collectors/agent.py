@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 
 from fleetcare.collectors.backend import GpuBackend, Reading
-from fleetcare.collectors.contract import SCHEMA_VERSION, Batch
+from fleetcare.collectors.contract import Batch, batch_version
 from fleetcare.collectors.transport import Bus, TransportError
 
 log = logging.getLogger(__name__)
@@ -77,12 +77,15 @@ class Agent:
             by_node.setdefault(e.node, Reading()).events.append(e)
         for i in reading.incidents:
             by_node.setdefault(i.node, Reading()).incidents.append(i)
+        for n in reading.nics:
+            by_node.setdefault(n.node, Reading()).nics.append(n)
         out = []
         for node, r in by_node.items():
             seq = self._seq.get(node, 0) + 1
             self._seq[node] = seq
-            out.append(Batch(schema_version=SCHEMA_VERSION, node=node, seq=seq, sent_at=now,
-                             samples=r.samples, events=r.events, incidents=r.incidents))
+            out.append(Batch(schema_version=batch_version(bool(r.nics)), node=node, seq=seq,
+                             sent_at=now, samples=r.samples, events=r.events,
+                             incidents=r.incidents, nics=r.nics))
         return out
 
     def tick(self, now: dt.datetime | None = None) -> int:
@@ -91,6 +94,7 @@ class Agent:
         reading = self.collect(now)
         self.counters["samples_read"] += len(reading.samples)
         self.counters["events_read"] += len(reading.events)
+        self.counters["nics_read"] += len(reading.nics)
         sent = 0
         for batch in self.batches(reading, now):
             try:
@@ -103,6 +107,7 @@ class Agent:
             sent += 1
             self.counters["batches_sent"] += 1
             self.counters["samples_sent"] += len(batch.samples)
+            self.counters["nics_sent"] += len(batch.nics)
         return sent
 
     def run(self, *, duration_s: float | None = None) -> None:

@@ -1,7 +1,7 @@
 """The seam between the agent and whatever reads the GPUs.
 
 Every source of telemetry — NVML, the kernel log, a dcgm-exporter endpoint, the fleet
-simulator — is a ``GpuBackend``: the agent calls ``poll(now)`` once per tick and gets a
+simulator, the InfiniBand ports of ``/sys/class/infiniband`` — is a ``GpuBackend``: the agent calls ``poll(now)`` once per tick and gets a
 ``Reading``. A backend turns driver errors into values (null counters, XID/lost-GPU
 events); it raises only when it cannot work at all (``BackendError``).
 
@@ -16,7 +16,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from fleetcare.collectors.contract import GpuSample, Incident, XidEvent
+from fleetcare.collectors.contract import GpuSample, Incident, NicSample, XidEvent
 
 
 class BackendError(Exception):
@@ -34,11 +34,13 @@ class Reading:
     samples: list[GpuSample] = field(default_factory=list)
     events: list[XidEvent] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
+    nics: list[NicSample] = field(default_factory=list)
 
     def extend(self, other: Reading) -> None:
         self.samples.extend(other.samples)
         self.events.extend(other.events)
         self.incidents.extend(other.incidents)
+        self.nics.extend(other.nics)
 
 
 @runtime_checkable

@@ -4,6 +4,7 @@
     fleetcare-agent --backend sim --nodes 3 --interval 1s --duration 45s --bus embedded://var/bus
     fleetcare-agent parse-kmsg /var/log/kern.log        # XIDs as JSON lines
     fleetcare-agent parse-dcgm metrics.txt              # GpuSamples as JSON lines
+    fleetcare-agent parse-ib /sys/class/infiniband      # NicSamples (one per port) as JSON lines
 
 Settings: flags over ``FLEETCARE_AGENT_<KEY>`` environment variables over the ``[agent]``
 table of ``--config`` (or ``$FLEETCARE_CONFIG``) over defaults; ``[agent.xid]`` overrides
@@ -40,8 +41,8 @@ from fleetcare.collectors.xid import DEFAULT_CATALOG, XidCatalog
 
 log = logging.getLogger("fleetcare.collectors.agent")
 
-BACKENDS = ("nvml", "dcgm-exporter", "kernel-log", "sim")
-SUBCOMMANDS = ("parse-kmsg", "parse-dcgm")
+BACKENDS = ("nvml", "dcgm-exporter", "kernel-log", "sim", "infiniband")
+SUBCOMMANDS = ("parse-kmsg", "parse-dcgm", "parse-ib")
 SECTION = "agent"
 SIM_HISTORY_S = 86400.0
 """The simulated fleet starts this long before now, so its counters have a history."""
@@ -73,6 +74,7 @@ class AgentConfig(KafkaSecurityConfig):
     kafka_partitions: int = 6  # and the kafka_* security settings of KafkaSecurityConfig
     dcgm_url: str = "http://127.0.0.1:9400/metrics"
     kmsg_source: str = "/dev/kmsg"
+    ib_root: str = "/sys/class/infiniband"
     nodes: int | None = None  # sim only
     seed: int | None = None  # sim only; default derived from the node name
     log_level: str = "info"
@@ -109,8 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="fleetcare-agent",
         description="The fleetcare node agent: reads every GPU of this node each tick "
                     "and sends per-node batches on the bus. Subcommands: "
-                    "`fleetcare-agent parse-kmsg FILE|-` and `fleetcare-agent parse-dcgm "
-                    "FILE|-` (see their --help).",
+                    "`fleetcare-agent parse-kmsg FILE|-`, `fleetcare-agent parse-dcgm "
+                    "FILE|-` and `fleetcare-agent parse-ib DIR` (see their --help).",
         epilog="Every option is also a key of the [agent] table of --config and an "
                "environment variable FLEETCARE_AGENT_<KEY> (e.g. FLEETCARE_AGENT_BUS); "
                "flags win over the environment, which wins over the file. Exit status: "
@@ -120,7 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     a("--version", action="version", version=version_text())
     a("--backend", action="append", metavar="NAME",
       help=f"telemetry source, repeatable or comma-separated: {', '.join(BACKENDS)} "
-           f"(default {d.backend}: kernel-log then maps PCI ids to GPUs through NVML)")
+           f"(default {d.backend}: kernel-log then maps PCI ids to GPUs through NVML; add "
+           "infiniband for the InfiniBand/RoCE ports of --ib-root, e.g. "
+           "--backend nvml,kernel-log,infiniband)")
     a("--bus", metavar="URL", help="where batches go: kafka://HOST:PORT[,HOST:PORT] or "
       f"embedded://PATH (default {d.bus})")
     a("--node", metavar="NAME", help="node name on every record (default: this host's name)")
@@ -141,6 +145,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--dcgm-url", metavar="URL", help=f"dcgm-exporter endpoint (default {d.dcgm_url})")
     a("--kmsg-source", metavar="SOURCE", help="kernel log to follow: /dev/kmsg, journalctl "
       f"or a FILE (default {d.kmsg_source})")
+    a("--ib-root", metavar="DIR", help="infiniband backend: the sysfs tree of the "
+      f"InfiniBand/RoCE ports (default {d.ib_root})")
     a("--duration", metavar="DURATION", help="stop after this long, flush and exit 0 "
       "(default: run until SIGTERM/SIGINT)")
     a("--nodes", metavar="N", help="sim only: simulate N nodes named <node>-0 .. <node>-(N-1) "
@@ -156,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 _FLAG_KEYS = ("bus", "node", "interval", "metrics_port", "metrics_host", "spool_dir",
-              "spool_max_bytes", "topic_prefix", "dcgm_url", "kmsg_source", "duration",
+              "spool_max_bytes", "topic_prefix", "dcgm_url", "kmsg_source", "ib_root", "duration",
               "nodes", "seed", "log_level")
 
 
@@ -315,7 +321,8 @@ class Watched:
 
         return Reading(samples=[re_node(s) for s in r.samples],
                        events=[re_node(e) for e in r.events],
-                       incidents=[re_node(i) for i in r.incidents])
+                       incidents=[re_node(i) for i in r.incidents],
+                       nics=[re_node(n) for n in r.nics])
 
     def close(self) -> None:
         self.inner.close()
@@ -357,6 +364,10 @@ def open_backends(s: Settings, now: dt.datetime) -> list[Watched]:
                 from fleetcare.collectors.dcgm_exporter import DcgmExporterBackend
 
                 backend = DcgmExporterBackend(s.config.dcgm_url, s.node)
+            elif name == "infiniband":
+                from fleetcare.collectors.infiniband import InfinibandBackend
+
+                backend = InfinibandBackend(s.node, s.config.ib_root)
             else:
                 seed = (s.config.seed if s.config.seed is not None
                         else zlib.crc32(s.node.encode()) & 0x7FFFFFFF)
@@ -481,6 +492,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         from fleetcare.collectors.dcgm_exporter import main_parse_dcgm
 
         return main_parse_dcgm(argv[1:])
+    if argv and argv[0] == "parse-ib":
+        from fleetcare.collectors.infiniband import main_parse_ib
+
+        return main_parse_ib(argv[1:])
     parser = build_parser()
     if argv and not argv[0].startswith("-"):
         import difflib

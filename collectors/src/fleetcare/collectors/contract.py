@@ -7,7 +7,14 @@ DuckDB DDL and Arrow schema from these structs, the API its JSON models.
   reliability counters. A counter the GPU does not support is ``None``, never 0.
 - ``XidEvent``   one per XID seen (NVML event set, kernel log, or the simulator).
 - ``Incident``   one per failure or operator action: the ground truth labels learn from.
+- ``NicSample``  one per InfiniBand / RoCE port per tick (schema version 2): state, rate
+  and the port's error counters (``NIC_COUNTER_BITS``: the legacy ones saturate).
 - ``Batch``      the per-node envelope that travels on the bus, with ``schema_version``.
+
+Versions: 1 = samples, events, incidents; 2 adds ``Batch.nics``. A producer writes the
+lowest version that holds its batch (``batch_version``): a batch without NIC samples is
+still version 1, so pipelines that predate version 2 keep taking GPU telemetry from new
+agents, and refuse (quarantine, never drop silently) only the batches that carry NICs.
 
 Wire formats: JSON and msgpack (``encode_batch`` / ``decode_batch``). Decoders accept
 older schema versions and ignore unknown fields; garbage (also a value nested deeper than
@@ -36,8 +43,11 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-SCHEMA_VERSION = 1
-"""Bump when a field is added; decoders accept every version <= this one."""
+SCHEMA_VERSION = 2
+"""Bump when a field is added; decoders accept every version <= this one.
+1: samples, events, incidents. 2: ``Batch.nics`` (``NicSample``)."""
+NIC_VERSION = 2
+"""The first version whose batches carry ``nics``."""
 
 DCGM_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
 """DCGM's integer "blank" (+1 not found, +2 not supported, +3 no permission; DCGM's own
@@ -162,6 +172,65 @@ class Incident(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     note: str | None = None
 
 
+NIC_COUNTER_BITS: dict[str, int] = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+}
+"""The legacy PMA PortCounters a ``NicSample`` carries, with their width in bits (the IBA
+PortCounters attribute, as the kernel's ``drivers/infiniband/core/sysfs.c`` declares them
+with ``PORT_PMA_ATTR(name, counter, width, offset)``). They *saturate*: at
+``2**bits - 1`` a counter stops, so a flat line there is not a healthy port
+(``NicSample.saturated``)."""
+
+
+def nic_counter_max(name: str) -> int:
+    """The value at which the legacy counter ``name`` sticks (``2**bits - 1``)."""
+    return (1 << NIC_COUNTER_BITS[name]) - 1
+
+
+class NicSample(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """One InfiniBand / RoCE port at one tick (``/sys/class/infiniband/<device>/ports/<port>``).
+
+    ``state`` and ``phys_state`` are the names of the sysfs values (``"4: ACTIVE"`` ->
+    ``ACTIVE``, ``"5: LinkUp"`` -> ``LinkUp``); ``rate_gbps`` the number of ``rate``
+    (``"400 Gb/sec (4X NDR)"`` -> 400.0). A counter the port does not report (a missing
+    file, ``N/A (no PMA)``, an unreadable file) is ``None``, never 0. ``saturated`` names
+    the counters that read their maximum (``NIC_COUNTER_BITS``): they no longer count.
+    ``hw_counter_names`` / ``hw_counter_values`` are the driver's ``hw_counters`` (mlx5:
+    ``out_of_buffer``, ``local_ack_timeout_err``, ...), one entry per file, same order.
+    """
+
+    ts: UtcTime
+    node: str
+    device: str
+    port: int
+    link_layer: str | None = None
+    state: str | None = None
+    phys_state: str | None = None
+    rate_gbps: float | None = None
+    # -- legacy PMA PortCounters (NIC_COUNTER_BITS)
+    symbol_error: int | None = None
+    link_error_recovery: int | None = None
+    link_downed: int | None = None
+    port_rcv_errors: int | None = None
+    port_rcv_remote_physical_errors: int | None = None
+    port_rcv_switch_relay_errors: int | None = None
+    port_xmit_discards: int | None = None
+    local_link_integrity_errors: int | None = None
+    excessive_buffer_overrun_errors: int | None = None
+    saturated: list[str] | None = None
+    # -- the driver's hw_counters, where it has them
+    hw_counter_names: list[str] | None = None
+    hw_counter_values: list[int] | None = None
+
+
 class Batch(msgspec.Struct, frozen=True, kw_only=True):
     """What one node sends in one message. ``seq`` increases per node, per agent run."""
 
@@ -172,6 +241,19 @@ class Batch(msgspec.Struct, frozen=True, kw_only=True):
     samples: list[GpuSample] = []
     events: list[XidEvent] = []
     incidents: list[Incident] = []
+    nics: list[NicSample] = []  # version 2
+
+
+def batch_version(nics: bool) -> int:
+    """The schema version a producer writes: the lowest that holds the batch (1 unless it
+    carries NIC samples), so pipelines older than version 2 still take GPU telemetry."""
+    return NIC_VERSION if nics else 1
+
+
+def saturated_counters(sample: NicSample) -> list[str]:
+    """The legacy counters of ``sample`` that read their maximum (they stopped counting)."""
+    return [name for name in NIC_COUNTER_BITS
+            if getattr(sample, name) == nic_counter_max(name)]
 
 
 # Table 5 of the Llama 3 paper (arXiv 2407.21783): unexpected interruptions by cause.
@@ -286,6 +368,11 @@ def null_sentinels(sample: GpuSample) -> GpuSample:
         elif value >= (DCGM_INT64_BLANK if isinstance(value, int) else DCGM_FP64_BLANK):
             changes[f.name] = None
     return msgspec.structs.replace(sample, **changes) if changes else sample
+
+
+def nic_fields() -> tuple[msgspec.structs.FieldInfo, ...]:
+    """The ``NicSample`` fields, in column order."""
+    return msgspec.structs.fields(NicSample)
 
 
 def sample_fields() -> tuple[msgspec.structs.FieldInfo, ...]:

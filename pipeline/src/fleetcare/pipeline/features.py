@@ -35,7 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetcare.pipeline import rollup
+from fleetcare.pipeline import nic_rollup, rollup
 from fleetcare.pipeline.feature_defs import (
     ERROR_BASES_24H,
     FEATURES,
@@ -64,8 +64,10 @@ _LOOKBACK_H = max(WINDOWS.values())
 
 
 def refresh(store: Store, *, until: dt.datetime | None = None) -> None:
-    """Roll up telemetry to ``until`` (default: the newest sample); see ``rollup``."""
+    """Roll up telemetry to ``until`` (default: the newest sample); see ``rollup``. NIC
+    port samples are rolled up too (``nic_rollup``; no model feature reads them yet)."""
     rollup.refresh(store, until=until)
+    nic_rollup.refresh(store)
 
 
 # -- SQL pieces ----------------------------------------------------------------------------

@@ -56,6 +56,7 @@ class IngestResult:
     events: int
     incidents: int
     quarantined: int
+    nics: int = 0
 
 
 class Ingestor:
@@ -76,25 +77,28 @@ class Ingestor:
         if not records:
             return IngestResult(0, 0, 0, 0, 0)
         checked = self._validate(records)
+        nics_before = getattr(self.store, "nic_rows_added", 0)
         samples, events, incidents = self._land(checked)
+        nics = getattr(self.store, "nic_rows_added", 0) - nics_before
         self._quarantine(checked.rejections)
         self.consumer.commit()
         bad = len(checked.rejections)
-        result = IngestResult(len(records), samples, events, incidents, bad)
+        result = IngestResult(len(records), samples, events, incidents, bad, nics)
         self.counters.update(records=result.records, samples=samples, events=events,
-                             incidents=incidents, quarantined=bad)
+                             incidents=incidents, quarantined=bad, nics=nics)
         self.quarantined_by_code.update(checked.codes)
         log.debug("ingest.batch records=%d samples=%d quarantined=%d", len(records), samples, bad)
         return result
 
     def drain(self, timeout_s: float = 0.0) -> IngestResult:
         """Ingest until the consumer has nothing more; returns the totals."""
-        totals = [0, 0, 0, 0, 0]
+        totals = [0, 0, 0, 0, 0, 0]
         while True:
             r = self.run_once(timeout_s)
             if r.records == 0:
                 return IngestResult(*totals)
-            for i, v in enumerate((r.records, r.samples, r.events, r.incidents, r.quarantined)):
+            for i, v in enumerate((r.records, r.samples, r.events, r.incidents, r.quarantined,
+                                   r.nics)):
                 totals[i] += v
 
     # -- steps -------------------------------------------------------------------------------

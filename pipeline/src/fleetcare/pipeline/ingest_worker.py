@@ -69,6 +69,7 @@ class WorkerSummary:
     seconds: float
     commits: int
     commit_failures: int
+    nics: int = 0  # NIC port samples landed
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -167,7 +168,7 @@ class IngestWorker:
         self._clock = clock
         self._stop_reason: str | None = None
         self.totals = dict.fromkeys(("records", "samples", "events", "incidents",
-                                     "quarantined"), 0)
+                                     "quarantined", "nics"), 0)
         self.started_at = clock()
         self.last_record_at: float | None = None
         self.ready_at: float | None = None
@@ -201,7 +202,7 @@ class IngestWorker:
                 if r.records:
                     self.last_record_at = now
                     for k, v in zip(self.totals, (r.records, r.samples, r.events, r.incidents,
-                                                  r.quarantined), strict=True):
+                                                  r.quarantined, r.nics), strict=True):
                         self.totals[k] += v
                 if self.max_records is not None and self.totals["records"] >= self.max_records:
                     self.stop("max-records")
@@ -272,7 +273,9 @@ class IngestWorker:
                     ("samples", "GPU samples landed (DuckDB: new rows; lake: rows written)."),
                     ("events", "XID events landed."),
                     ("incidents", "Incidents landed."),
-                    ("quarantined", "Records kept in quarantine instead of landed."))]
+                    ("quarantined", "Records kept in quarantine instead of landed."),
+                    ("nics", "InfiniBand/RoCE port samples landed (DuckDB: new rows; lake: "
+                             "rows written)."))]
         by_code = getattr(self.ingestor, "quarantined_by_code", None) or {}
         if by_code:
             fams.append(Family("fleetcare_ingest_quarantined_by_code_total", "counter",

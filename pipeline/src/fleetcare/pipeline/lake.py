@@ -4,7 +4,8 @@ Layout of a lake ``DIR`` (Hive-style partitions by the record's UTC date and hou
 
     DIR/telemetry/_schema.parquet                       no rows: the contract's columns
     DIR/telemetry/date=2026-01-01/hour=05/<worker>-<seq>.parquet
-    DIR/xid_events/...   DIR/incidents/...   DIR/quarantine/...   (quarantine by received_at)
+    DIR/xid_events/...   DIR/incidents/...   DIR/nic_telemetry/...
+    DIR/quarantine/...   (quarantine by received_at)
 
 Every ingest worker writes only its own files (``worker_id`` is unique per process), so
 workers never coordinate. A file is written under a hidden temporary name in its final
@@ -48,7 +49,7 @@ import pyarrow.parquet as pq
 from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport.spool import fsync_dir
 from fleetcare.pipeline import schema
-from fleetcare.pipeline.store import flatten_batches, records_to_arrow
+from fleetcare.pipeline.store import flatten_batches, flatten_nics, records_to_arrow
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ TABLES: dict[str, LakeTable] = {t.name: t for t in (
     LakeTable("telemetry", schema.SAMPLE_SCHEMA, schema.SAMPLE_KEY, "ts"),
     LakeTable("xid_events", schema.EVENT_SCHEMA, schema.EVENT_KEY, "ts"),
     LakeTable("incidents", schema.INCIDENT_SCHEMA, schema.INCIDENT_KEY, "ts"),
+    LakeTable("nic_telemetry", schema.NIC_SCHEMA, schema.NIC_KEY, "ts"),
     LakeTable("quarantine", QUARANTINE_SCHEMA, ("source", "raw"), "received_at"),
 )}
 SCHEMA_FILE = "_schema.parquet"
@@ -129,17 +131,24 @@ class LakeWriter:
         self._quarantined: list[tuple[dt.datetime, str, str, bytes, str | None]] = []
         self.files_written = 0
         self.rows_written = 0
+        self.nic_rows_added = 0
+        """NIC samples buffered by ``insert_batches`` (as ``Store.nic_rows_added``)."""
         ensure_layout(self.root)
 
     # -- what the Ingestor calls (same names as Store's) --------------------------------
     def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
-        """Buffer decoded batches; returns rows accepted (samples, events, incidents)."""
+        """Buffer decoded batches; returns rows accepted (samples, events, incidents);
+        NIC samples are buffered too and counted in ``nic_rows_added``."""
+        batches = list(batches)
         samples, events, incidents = flatten_batches(batches)
+        nics = flatten_nics(batches)
         converted = [(name, records_to_arrow(records, TABLES[name].schema))
                      for name, records in (("telemetry", samples), ("xid_events", events),
-                                           ("incidents", incidents)) if records]
+                                           ("incidents", incidents), ("nic_telemetry", nics))
+                     if records]
         for name, table in converted:  # all converted first: a bad value buffers nothing
             self._buffer[name].append(table)
+        self.nic_rows_added += len(nics)
         return len(samples), len(events), len(incidents)
 
     def quarantine(self, source: str, reason: str, raw: bytes, *,

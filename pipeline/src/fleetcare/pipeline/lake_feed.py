@@ -67,6 +67,7 @@ class SyncResult:
     incidents: int
     quarantined: int
     oldest_new_sample: dt.datetime | None
+    nics: int = 0
 
 
 def _quote(path: Path) -> str:
@@ -116,10 +117,11 @@ class LakeTelemetry:
     def sync(self, store: Store, *, max_files: int = 5_000) -> SyncResult:
         """Read the files written since the last sync (at most ``max_files`` a call)."""
         new = self.new_files(store)
-        counts = dict.fromkeys(("files", "samples", "events", "incidents", "quarantined"), 0)
+        counts = dict.fromkeys(("files", "samples", "events", "incidents", "quarantined",
+                                "nics"), 0)
         oldest: dt.datetime | None = None
         budget = max_files
-        for table in ("incidents", "xid_events", "quarantine", "telemetry"):
+        for table in ("incidents", "xid_events", "quarantine", "nic_telemetry", "telemetry"):
             files = new.get(table, [])[:budget]
             if not files:
                 continue
@@ -134,13 +136,13 @@ class LakeTelemetry:
                 counts["samples"] += sum(s[0] for s in stats.values())
             else:
                 counts[{"xid_events": "events", "incidents": "incidents",
-                        "quarantine": "quarantined"}[table]] += self._copy(
+                        "quarantine": "quarantined", "nic_telemetry": "nics"}[table]] += self._copy(
                     store, table, [f for _, f in files])
             self._remember(store, table, [(h, f, *stats[str(f)]) for h, f in files])
             counts["files"] += len(files)
         if counts["files"]:
-            log.info("lake.synced files=%d samples=%d events=%d incidents=%d quarantined=%d",
-                     *counts.values())
+            log.info("lake.synced files=%d samples=%d events=%d incidents=%d quarantined=%d "
+                     "nics=%d", *counts.values())
         return SyncResult(**counts, oldest_new_sample=oldest)
 
     def _file_stats(self, store: Store, table: str, files: list[Path]

@@ -34,6 +34,11 @@ class Limits:
     """Characters of a name or identifier: node, gpu_uuid, pci_bus_id, model, cause, ..."""
     max_text_len: int = 4096
     """Characters of free text: an XID message, an incident note."""
+    nic_port: tuple[int, int] = (0, 255)
+    """InfiniBand port numbers are 8-bit (0 is a switch's management port)."""
+    nic_rate_gbps: tuple[float, float] = (0.0, 100_000.0)
+    max_hw_counters: int = 512
+    """Entries of a NIC sample's hw_counters lists (mlx5 has a few dozen)."""
     max_batch_records: int = 4096
     """Samples (and events, and incidents) in one batch: a node has at most 64 GPUs, so
     this is 64 ticks of a full node; more is a broken or hostile producer."""

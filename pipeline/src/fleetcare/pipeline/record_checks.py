@@ -14,7 +14,8 @@ field added to the contract is checked without code here:
   and NVML's "no value" sentinels start (see the contract's docstring);
 - floats: below ``contract.DCGM_FP64_BLANK``, and finite.
 
-Then each kind's own checks: timestamps, node, ranges, counters, PCIe, NVLink, XIDs, causes.
+Then each kind's own checks: timestamps, node, ranges, counters, PCIe, NVLink, XIDs, causes,
+NIC ports (port number, rate, counter widths, saturated names, hw_counters lists).
 """
 
 from __future__ import annotations
@@ -30,9 +31,12 @@ import msgspec
 from fleetcare.collectors.contract import (
     DCGM_FP64_BLANK,
     DCGM_INT64_BLANK,
+    NIC_COUNTER_BITS,
     GpuSample,
     Incident,
+    NicSample,
     XidEvent,
+    nic_counter_max,
 )
 from fleetcare.pipeline.limits import OPERATOR_CAUSES, Limits
 from fleetcare.pipeline.schema import column_types
@@ -109,7 +113,7 @@ class _Shape:
 
 
 _SHAPES = {"samples": _Shape(GpuSample), "events": _Shape(XidEvent),
-           "incidents": _Shape(Incident)}
+           "incidents": _Shape(Incident), "nics": _Shape(NicSample)}
 _INT_SENTINEL = (f"is not a count: from {DCGM_INT64_BLANK} (DCGM_INT64_BLANK) up, integers "
                  "are DCGM's blank / not-found / not-supported / no-permission sentinels or "
                  "NVML's 'not available' (2**64-1); send null for a value the GPU did not "
@@ -135,6 +139,8 @@ class RecordChecks:
             p += self._sample(rec, unusable)
         elif section == "events":
             p += self._event(rec, unusable)
+        elif section == "nics":
+            p += self._nic(rec, unusable)
         else:
             p += self._incident(rec, unusable)
         return p
@@ -294,6 +300,52 @@ class RecordChecks:
             lo, hi = self.limits.gpu_index
             p.append(("gpu_index_out_of_range",
                       f"gpu_index = {e.gpu_index!r} is outside the allowed range {lo}..{hi}"))
+        return p
+
+    def _nic(self, n: NicSample, unusable: set[str]) -> list[Problem]:
+        lim = self.limits
+        p: list[Problem] = []
+        if not n.device.strip():
+            p.append(("empty_field", f"device = {n.device!r} is empty"))
+        if "port" not in unusable and not _in(n.port, lim.nic_port):
+            lo, hi = lim.nic_port
+            p.append(("nic_port_out_of_range", f"port = {n.port!r} is outside {lo}..{hi}"))
+        if n.rate_gbps is not None and "rate_gbps" not in unusable \
+                and not _in(n.rate_gbps, lim.nic_rate_gbps):
+            low, high = lim.nic_rate_gbps
+            p.append(("nic_rate_out_of_range",
+                      f"rate_gbps = {n.rate_gbps!r} is outside {low:g}..{high:g} Gb/s"))
+        for name in NIC_COUNTER_BITS:
+            v = getattr(n, name)
+            if v is None or name in unusable:
+                continue
+            if v < 0:
+                p.append(("negative_counter", f"{name} = {v!r} is negative; counters are "
+                                              ">= 0 (null when the port has no PMA)"))
+            elif v > nic_counter_max(name):
+                p.append(("nic_counter_above_width",
+                          f"{name} = {v!r} is above {nic_counter_max(name)}, the most a "
+                          f"{NIC_COUNTER_BITS[name]}-bit port counter holds"))
+        for name in n.saturated or ():
+            if name not in NIC_COUNTER_BITS:
+                p.append(("nic_unknown_counter",
+                          f"saturated names {short(name)}, which is not a legacy counter "
+                          f"({', '.join(NIC_COUNTER_BITS)})"))
+                break
+        names, values = n.hw_counter_names or [], n.hw_counter_values or []
+        if len(names) != len(values) or len(names) > lim.max_hw_counters:
+            p.append(("nic_hw_counters_invalid",
+                      f"hw_counter_names has {len(names)} entries and hw_counter_values "
+                      f"{len(values)}: they need one value per name, at most "
+                      f"{lim.max_hw_counters}"))
+        longest = max(map(len, names), default=0)
+        if longest > lim.max_name_len:
+            p.append(("string_too_long", f"a hw_counter_names entry has {longest:,} "
+                                         f"characters; at most {lim.max_name_len:,} are "
+                                         "allowed"))
+        if values and min(values) < 0 and "hw_counter_values" not in unusable:
+            p.append(("negative_counter", "hw_counter_values has a negative entry; "
+                                          "counters are >= 0"))
         return p
 
     def _incident(self, inc: Incident, unusable: set[str]) -> list[Problem]:

@@ -8,7 +8,8 @@ keep_raw`` (cut at an hour boundary), but never a row whose hour is not rolled u
 good: the cut never passes the hour of the rollup watermark (that hour is rebuilt by the
 next refresh) nor the hour of the oldest sample inserted since the last refresh (late
 data waiting to be rolled up). Rollups (``telemetry_hourly``), XID events, incidents,
-scores and models are kept, so features read from rollups do not change.
+scores and models are kept, so features read from rollups do not change. Raw NIC samples
+(``nic_telemetry``) are cut at the same time, as far as ``nic_rollup.prune`` allows.
 
 The cut is recorded in ``meta`` (``rollup.RAW_FROM_KEY``): rollups before it are never
 rebuilt from the (now partial) raw rows, and samples arriving later than that are ignored
@@ -21,7 +22,7 @@ import datetime as dt
 import logging
 from dataclasses import asdict, dataclass
 
-from fleetcare.pipeline import rollup
+from fleetcare.pipeline import nic_rollup, rollup
 from fleetcare.pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -37,6 +38,7 @@ class RetentionResult:
     deleted: int                 # rows deleted (dry run: rows that would be)
     kept: int                    # raw rows left
     dry_run: bool
+    nic_deleted: int = 0         # raw NIC port samples deleted (``nic_rollup.prune``)
 
     def to_json(self) -> dict[str, object]:
         d = asdict(self)
@@ -77,6 +79,7 @@ def apply(store: Store, keep_raw: dt.timedelta = DEFAULT_KEEP_RAW, *,
             log.info("retention.applied cutoff=%s deleted=%d", cutoff, n)
     finally:
         cur.close()
+    nic_n = nic_rollup.prune(store, cutoff, dry_run=dry_run) if cutoff is not None else 0
     return RetentionResult(cutoff=cutoff, wanted_cutoff=wanted, held_back_by=held,
                            deleted=int(n), kept=int(total - (0 if dry_run else n)),
-                           dry_run=dry_run)
+                           dry_run=dry_run, nic_deleted=nic_n)

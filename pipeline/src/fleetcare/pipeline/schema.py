@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from fleetcare.collectors.contract import GpuSample, Incident, XidEvent
+from fleetcare.collectors.contract import GpuSample, Incident, NicSample, XidEvent
 
 _SCALARS: dict[Any, tuple[str, pa.DataType]] = {
     str: ("VARCHAR", pa.string()),
@@ -68,11 +68,14 @@ INCIDENT_COLUMNS = [name for name, _, _ in column_types(Incident)]
 SAMPLE_SCHEMA = arrow_schema(GpuSample)
 EVENT_SCHEMA = arrow_schema(XidEvent)
 INCIDENT_SCHEMA = arrow_schema(Incident)
+NIC_COLUMNS = [name for name, _, _ in column_types(NicSample)]
+NIC_SCHEMA = arrow_schema(NicSample)
 
 # Natural keys: a record seen twice (redelivery, replayed spool) lands once.
 SAMPLE_KEY = ("gpu_uuid", "ts")
 EVENT_KEY = ("node", "ts", "gpu_uuid", "pci_bus_id", "xid", "message")
 INCIDENT_KEY = ("node", "ts", "kind", "gpu_uuid", "cause")
+NIC_KEY = ("node", "device", "port", "ts")
 
 DDL = f"""
 CREATE TABLE IF NOT EXISTS telemetry (
@@ -83,6 +86,9 @@ CREATE TABLE IF NOT EXISTS xid_events (
 );
 CREATE TABLE IF NOT EXISTS incidents (
   {columns_ddl(Incident)}
+);
+CREATE TABLE IF NOT EXISTS nic_telemetry (
+  {columns_ddl(NicSample)}
 );
 CREATE TABLE IF NOT EXISTS quarantine (
   received_at TIMESTAMP NOT NULL,

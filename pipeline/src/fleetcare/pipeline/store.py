@@ -29,7 +29,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetcare.collectors.contract import Batch, GpuSample, Incident, XidEvent
+from fleetcare.collectors.contract import Batch, GpuSample, Incident, NicSample, XidEvent
 from fleetcare.pipeline import schema
 from fleetcare.pipeline.telemetry import RawTelemetry, TableTelemetry
 
@@ -37,6 +37,8 @@ log = logging.getLogger(__name__)
 
 DIRTY_SINCE_KEY = "telemetry.dirty_since"
 """meta key: the oldest sample ts inserted since the last rollup (``rollup.refresh``)."""
+NIC_DIRTY_SINCE_KEY = "nic_telemetry.dirty_since"
+"""meta key: the oldest NIC sample ts inserted since the last ``nic_rollup.refresh``."""
 
 
 class StoreError(Exception):
@@ -115,6 +117,11 @@ def flatten_batches(
     return samples, events, incidents
 
 
+def flatten_nics(batches: Iterable[Batch]) -> list[NicSample]:
+    """The NIC samples of many batches, in arrival order."""
+    return [n for b in batches for n in b.nics]
+
+
 def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.Table:
     """Columnar numpy data (the simulator's history chunks) → Arrow, fast path.
 
@@ -153,6 +160,9 @@ class Store:
         except (duckdb.IOException, duckdb.InvalidInputException) as exc:
             raise StoreError(self.path, open_error_hint(self.path, exc)) from None
         self._lock = threading.RLock()
+        self.nic_rows_added = 0
+        """Rows ``insert_batches`` added to ``nic_telemetry`` (its return value predates
+        NIC samples and stays three counts)."""
         if not read_only:
             self.con.execute(schema.DDL)
 
@@ -218,10 +228,13 @@ class Store:
         the contract's schema; idempotent by the table's natural key. Returns rows added."""
         if table == "telemetry":
             return self.insert_samples(data)
-        keys = {"xid_events": schema.EVENT_KEY, "incidents": schema.INCIDENT_KEY}
+        if table == "nic_telemetry":
+            return self._insert_nics(data)
+        keys = {"xid_events": schema.EVENT_KEY, "incidents": schema.INCIDENT_KEY,
+                "nic_telemetry": schema.NIC_KEY}
         if table not in keys:
             raise ValueError(f"table {table!r} is not a contract table: use telemetry, "
-                             "xid_events or incidents")
+                             "xid_events, incidents or nic_telemetry")
         return self._insert_new(table, data, keys[table])
 
     def insert_samples(self, data: pa.Table) -> int:
@@ -229,8 +242,8 @@ class Store:
             self.mark_dirty(pc.min(data.column("ts")).as_py())
         return self._insert_new("telemetry", data, schema.SAMPLE_KEY)
 
-    def mark_dirty(self, lo: dt.datetime) -> None:
-        """Lower ``DIRTY_SINCE_KEY`` to ``lo``, the oldest incoming sample's ts.
+    def mark_dirty(self, lo: dt.datetime, *, key: str = DIRTY_SINCE_KEY) -> None:
+        """Lower ``key`` (default ``DIRTY_SINCE_KEY``) to ``lo``, the oldest incoming ts.
 
         ``rollup.refresh`` re-rolls from there, so samples that arrive after their hour was
         rolled up (late, out of order) are not missed. Written before the rows: a crash in
@@ -241,7 +254,7 @@ class Store:
             self.con.execute(
                 "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
                 "SET value = excluded.value WHERE excluded.value < meta.value",
-                [DIRTY_SINCE_KEY, lo.isoformat()],
+                [key, lo.isoformat()],
             ).fetchall()
 
     def insert_sample_columns(self, columns: Mapping[str, np.ndarray]) -> int:
@@ -261,20 +274,34 @@ class Store:
             schema.INCIDENT_KEY,
         )
 
+    def insert_nic_samples(self, nics: Iterable[NicSample]) -> int:
+        """Land NIC port samples in ``nic_telemetry`` (natural key ``schema.NIC_KEY``)."""
+        return self._insert_nics(records_to_arrow(nics, schema.NIC_SCHEMA))
+
+    def _insert_nics(self, data: pa.Table) -> int:
+        if data.num_rows:
+            self.mark_dirty(pc.min(data.column("ts")).as_py(), key=NIC_DIRTY_SINCE_KEY)
+        return self._insert_new("nic_telemetry", data, schema.NIC_KEY)
+
     def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
-        """Land decoded batches; returns rows added (samples, events, incidents).
+        """Land decoded batches; returns rows added (samples, events, incidents). NIC
+        samples land in ``nic_telemetry`` too; ``nic_rows_added`` counts them.
 
         All rows are converted to Arrow before any is inserted, so a value Arrow cannot
         hold (``OverflowError``, ``ArrowInvalid``) fails the call before it wrote anything."""
+        batches = list(batches)
         samples, events, incidents = flatten_batches(batches)
         tables = (records_to_arrow(samples, schema.SAMPLE_SCHEMA),
                   records_to_arrow(events, schema.EVENT_SCHEMA),
                   records_to_arrow(incidents, schema.INCIDENT_SCHEMA))
-        return (
+        nics = records_to_arrow(flatten_nics(batches), schema.NIC_SCHEMA)
+        added = (
             self.insert_samples(tables[0]),
             self._insert_new("xid_events", tables[1], schema.EVENT_KEY),
             self._insert_new("incidents", tables[2], schema.INCIDENT_KEY),
         )
+        self.nic_rows_added += self._insert_nics(nics)
+        return added
 
     def quarantine(self, source: str, reason: str, raw: bytes, *,
                    received_at: dt.datetime | None = None, code: str | None = None) -> bool:

@@ -62,6 +62,7 @@ from fleetcare.collectors.contract import (
     DecodeError,
     GpuSample,
     Incident,
+    NicSample,
     SchemaVersionError,
     UtcTime,
     XidEvent,
@@ -83,7 +84,7 @@ CODES: dict[str, str] = {
     "schema_version_unsupported": "schema_version newer than this pipeline (upgrade it first)",
     "schema_version_invalid": "schema_version below 1",
     "key_mismatch": "the bus message key is not the batch's node",
-    "empty_batch": "a batch with no samples, events or incidents",
+    "empty_batch": "a batch with no samples, events, incidents or nics",
     "batch_too_large": "more records in a section of one batch than Limits.max_batch_records",
     "nesting_too_deep": "a value nested deeper than the decoder's recursion limit",
     # -- one record: decoding
@@ -116,6 +117,13 @@ CODES: dict[str, str] = {
     "gpu_index_out_of_range": "gpu_index outside Limits.gpu_index",
     "xid_out_of_range": "xid outside Limits.xid",
     "unknown_incident_cause": "incident cause not in KNOWN_CAUSES",
+    "nic_port_out_of_range": "a NIC sample's port outside Limits.nic_port",
+    "nic_rate_out_of_range": "a NIC sample's rate_gbps outside Limits.nic_rate_gbps",
+    "nic_counter_above_width": "a legacy port counter above its width's maximum "
+                               "(contract.NIC_COUNTER_BITS): no port can report it",
+    "nic_unknown_counter": "a NIC sample's saturated list names no legacy counter",
+    "nic_hw_counters_invalid": "hw_counter_names / hw_counter_values of different lengths, "
+                               "or more entries than Limits.max_hw_counters",
     "string_too_long": "a string longer than Limits.max_name_len (max_text_len for free text)",
     "sentinel_value": "a DCGM / NVML 'no value' sentinel (an integer >= DCGM_INT64_BLANK, "
                       "a float >= DCGM_FP64_BLANK) where null belongs",
@@ -200,15 +208,18 @@ class _LooseBatch(msgspec.Struct):
     samples: list[msgspec.Raw] = []
     events: list[msgspec.Raw] = []
     incidents: list[msgspec.Raw] = []
+    nics: list[msgspec.Raw] = []
 
 
 _SECTIONS: tuple[tuple[str, type[msgspec.Struct]], ...] = (
-    ("samples", GpuSample), ("events", XidEvent), ("incidents", Incident))
+    ("samples", GpuSample), ("events", XidEvent), ("incidents", Incident),
+    ("nics", NicSample))
+_TYPES = (_LooseBatch, GpuSample, XidEvent, Incident, NicSample)
 _DECODERS: dict[str, dict[Any, Any]] = {
-    "json": {t: msgspec.json.Decoder(t) for t in (_LooseBatch, GpuSample, XidEvent, Incident)}
+    "json": {t: msgspec.json.Decoder(t) for t in _TYPES}
     | {None: msgspec.json.Decoder()},
     "msgpack": {t: msgspec.msgpack.Decoder(t)
-                for t in (_LooseBatch, GpuSample, XidEvent, Incident)}
+                for t in _TYPES}
     | {None: msgspec.msgpack.Decoder()},
 }
 _DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
@@ -369,9 +380,9 @@ class Validator:
                         f"batch seq={batch.seq} of node {short(batch.node)} has {n:,} "
                         f"{section}; at most {lim.max_batch_records:,} records per section "
                         "are allowed (Limits.max_batch_records): split it")
-        if not (batch.samples or batch.events or batch.incidents or undecoded):
+        if not (batch.samples or batch.events or batch.incidents or batch.nics or undecoded):
             return ("empty_batch", f"batch seq={batch.seq} of node {short(batch.node)} has "
-                                   "no samples, events or incidents")
+                                   "no samples, events, incidents or nics")
         return None
 
     def check_batch(self, batch: Batch, *, source: str, raw: bytes,
@@ -391,7 +402,8 @@ class Validator:
                         "; ".join(f"{section}[{at}].{msg}" for _, msg in problems),
                         f"{source}#{section}[{at}]", slices.of(section, at)))
         if not bad:
-            return batch if batch.samples or batch.events or batch.incidents else None
+            return (batch if batch.samples or batch.events or batch.incidents or batch.nics
+                    else None)
         parts = {s: [r for i, r in enumerate(getattr(batch, s)) if i not in bad.get(s, ())]
                  for s, _ in _SECTIONS}
         if not any(parts.values()):

@@ -90,15 +90,16 @@ class BusConsumer(Protocol):
 
 
 def split_batch(batch: Batch) -> list[tuple[str, Batch]]:
-    """The per-topic parts of a batch: samples to telemetry, events+incidents to events."""
+    """The per-topic parts of a batch: samples and NIC samples to telemetry,
+    events+incidents to events (each part at the lowest version that holds it)."""
     parts: list[tuple[str, Batch]] = []
-    if batch.samples:
+    if batch.samples or batch.nics:
         parts.append((TELEMETRY_TOPIC, Batch(
-            schema_version=batch.schema_version, node=batch.node, seq=batch.seq,
-            sent_at=batch.sent_at, samples=batch.samples)))
+            schema_version=batch.schema_version if batch.nics else 1, node=batch.node,
+            seq=batch.seq, sent_at=batch.sent_at, samples=batch.samples, nics=batch.nics)))
     if batch.events or batch.incidents:
         parts.append((EVENTS_TOPIC, Batch(
-            schema_version=batch.schema_version, node=batch.node, seq=batch.seq,
+            schema_version=min(batch.schema_version, 1), node=batch.node, seq=batch.seq,
             sent_at=batch.sent_at, events=batch.events, incidents=batch.incidents)))
     return parts
 
