@@ -222,17 +222,17 @@ def _tail(since_op: str | None) -> str:
     nx_cols = ", ".join(f"sum(xid_{c}) AS node_xid_{c}_24h" for c in XID_CLASSES)
     nx_sel = ", ".join(f"coalesce(nx.node_xid_{c}_24h, 0) AS node_xid_{c}_24h"
                        for c in XID_CLASSES)
-    rel_meds = ", ".join(f"median({b}) OVER m AS med_{b}" for b, _ in REL_BASES)
+    rel_meds = ", ".join(f"median({b}) AS med_{b}" for b, _ in REL_BASES)
     rels = ", ".join(f"{b} / (med_{b} + {eps}) AS {b}_rel" for b, eps in REL_BASES)
     resid_fit = ", ".join(
-        f"regr_slope(gpu_temp_mean_{w}, power_mean_{w}) OVER m AS fb_{w}, "
-        f"regr_intercept(gpu_temp_mean_{w}, power_mean_{w}) OVER m AS fa_{w}, "
-        f"avg(gpu_temp_mean_{w}) OVER m AS fm_{w}" for w in ("1h", "24h"))
+        f"regr_slope(gpu_temp_mean_{w}, power_mean_{w}) AS fb_{w}, "
+        f"regr_intercept(gpu_temp_mean_{w}, power_mean_{w}) AS fa_{w}, "
+        f"avg(gpu_temp_mean_{w}) AS fm_{w}" for w in ("1h", "24h"))
     resid = ", ".join(
         f"gpu_temp_mean_{w} - coalesce(CASE WHEN isfinite(fa_{w} + fb_{w} * power_mean_{w}) "
         f"THEN fa_{w} + fb_{w} * power_mean_{w} END, fm_{w}) AS gpu_temp_resid_{w}"
         for w in ("1h", "24h"))
-    node_max = ", ".join(f"max({b}) OVER n AS node_max_{b}" for b in NODE_MAX_BASES)
+    node_max = ", ".join(f"max({b}) AS node_max_{b}" for b in NODE_MAX_BASES)
     err = " OR ".join(
         [f"coalesce({b}, 0) > 0" for b in ERROR_BASES_24H]
         + [f"xid_{c}_24h > 0" for c in XID_CLASSES if c != "application"])
@@ -270,15 +270,20 @@ j2 AS (
   LEFT JOIN nx ON nx.te = j.te AND nx.node = j.node
   LEFT JOIN lem ON lem.te = j.te AND lem.gpu_uuid = j.gpu_uuid
 ),
+peers AS (SELECT te, model, {resid_fit}, {rel_meds} FROM j2 GROUP BY te, model),
 fit AS (
-  SELECT *, {resid_fit}, {rel_meds} FROM j2 WINDOW m AS (PARTITION BY te, model)
+  SELECT j2.*, peers.* EXCLUDE (te, model) FROM j2
+  LEFT JOIN peers ON peers.te = j2.te AND peers.model IS NOT DISTINCT FROM j2.model
 ),
 rel AS (SELECT *, {resid}, {rels} FROM fit),
+nodes AS (
+  SELECT te, node, {node_max},
+    count_if({err}) AS node_gpus_with_errors_24h, count(*) AS node_gpus
+  FROM rel GROUP BY te, node
+),
 final AS (
-  SELECT *, {node_max},
-    count_if({err}) OVER n AS node_gpus_with_errors_24h,
-    count(*) OVER n AS node_gpus
-  FROM rel WINDOW n AS (PARTITION BY te, node)
+  SELECT rel.*, nodes.* EXCLUDE (te, node) FROM rel
+  LEFT JOIN nodes ON nodes.te = rel.te AND nodes.node IS NOT DISTINCT FROM rel.node
 )
 SELECT ts, node, gpu_uuid, gpu_index, model,
   {", ".join(f"CAST({f} AS DOUBLE) AS {f}" for f in FEATURE_NAMES)}
