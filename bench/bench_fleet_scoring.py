@@ -168,6 +168,7 @@ def main() -> None:
         "steady_median": med, "steady_cycles": len(steady),
         "new_samples_per_cycle": steady[0]["new_samples"],
         "steady_cycle_s_each": [round(r["cycle_s"], 3) for r in steady],
+        "steady_cycle_cpu_s_each": [round(r["cycle_cpu_s"], 3) for r in steady],
         "refresh_over_rollup_ceiling": round(med["refresh_s"] / med["rollup_ceiling_s"], 1),
         "score_over_predict_ceiling": round(med["score_s"] / med["predict_ceiling_s"], 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -224,25 +224,31 @@ _LAST_OF_HOUR = ("node", "gpu_index", "pci_bus_id", "model", "nvlink_links")
 _SUMMED = ("n", "nvlink_flaps")
 
 
-def _merge_agg(col: str) -> str:
-    """How two parts of one GPU-hour, one all before the other, combine into the row a
-    rollup of all their samples gives (every column is mergeable)."""
+def _merge(col: str) -> str:
+    """Column ``col`` of one GPU-hour from two parts of it, ``h`` (all its samples
+    before those of ``p``; absent: all null) and ``p``: the value a rollup of all their
+    samples gives (every column is mergeable)."""
+    h, p = f"h.{col}", f"p.{col}"
     if col in _LAST_OF_HOUR or col.endswith("_last"):
-        return f"arg_max({col}, last_ts)"  # the later part's value unless it has none
+        return f"coalesce({p}, {h})"  # the later part's value unless it has none
     if col.endswith("_max") or col == "last_ts":
-        return f"max({col})"
+        return f"greatest({h}, {p})"  # greatest and least skip nulls
     if col == "first_ts":
-        return f"min({col})"
+        return f"least({h}, {p})"
     if col in _SUMMED or col.endswith(("_inc", "_n", "_sum", "_sumsq")):
-        return f"sum({col})"  # null only when both parts are null, as over the samples
-    raise ValueError(f"{TABLE}.{col}: no merge rule; add one to rollup._merge_agg")
+        # null only when both parts are null, as a sum over the samples
+        return f"CASE WHEN {h} IS NULL THEN {p} WHEN {p} IS NULL THEN {h} ELSE {h} + {p} END"
+    raise ValueError(f"{TABLE}.{col}: no merge rule; add one to rollup._merge")
 
 
-def merge_sql(parts: str, columns: list[str]) -> str:
-    """SELECT combining ``parts`` (rows of ``TABLE``'s columns, several per GPU-hour) into
-    one row per GPU-hour."""
-    aggs = ", ".join(f"{_merge_agg(c)} AS {c}" for c in columns if c not in ("hour", "gpu_uuid"))
-    return f"SELECT hour, gpu_uuid, {aggs} FROM {parts} GROUP BY hour, gpu_uuid"
+def merge_sql(part: str, columns: list[str], lo: str) -> str:
+    """SELECT of the rows of ``part`` (``TABLE``'s columns, one per GPU-hour, each after
+    every sample rolled up for that GPU-hour) merged with the rolled-up rows of the same
+    GPU-hour (hours from ``lo`` on)."""
+    cols = ", ".join(f"{_merge(c)} AS {c}" for c in columns if c not in ("hour", "gpu_uuid"))
+    return (f"SELECT p.hour, p.gpu_uuid, {cols} FROM {part} p "
+            f"LEFT JOIN (SELECT * FROM {TABLE} WHERE hour >= {lo}) h "
+            "ON h.hour = p.hour AND h.gpu_uuid = p.gpu_uuid")
 
 
 def watermark(con: duckdb.DuckDBPyConnection) -> dt.datetime | None:
@@ -379,11 +385,8 @@ def _append(store: Store, cur: duckdb.DuckDBPyConnection, lo: dt.datetime,
         cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_part AS "
                     f"{rollup_sql(lo_s, hi_s, fresh, append=True)}").fetchall()
         cols = [r[0] for r in cur.execute(f"DESCRIBE {TABLE}").fetchall()]
-        parts = (f"(SELECT h.* FROM {TABLE} h SEMI JOIN _fc_part p "
-                 f"ON p.hour = h.hour AND p.gpu_uuid = h.gpu_uuid WHERE h.hour >= {lo_s} "
-                 "UNION ALL BY NAME SELECT * FROM _fc_part)")
-        cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_merged AS {merge_sql(parts, cols)}"
-                    ).fetchall()
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_merged AS "
+                    f"{merge_sql('_fc_part', cols, lo_s)}").fetchall()
         cur.execute(f"DELETE FROM {TABLE} h USING _fc_part p WHERE h.hour >= {lo_s} "
                     "AND p.hour = h.hour AND p.gpu_uuid = h.gpu_uuid").fetchall()
         added = cur.execute(f"INSERT INTO {TABLE} BY NAME SELECT * FROM _fc_merged"
