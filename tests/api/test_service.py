@@ -56,6 +56,12 @@ def test_scoring_feeds_alerts_and_drains(tmp_path: Path) -> None:
         def __init__(self) -> None:
             self.calls: list[tuple[str, float]] = []
             self.outbox = self
+            self.config = self      # alerts: the firing threshold
+            self.cost = self        # drains: the break-even risk
+            self.threshold = 0.5
+
+        def break_even_risk(self) -> float:
+            return 0.004
 
         def evaluate(self, now: float) -> None:
             self.calls.append(("evaluate", now))
@@ -86,8 +92,10 @@ def test_scoring_feeds_alerts_and_drains(tmp_path: Path) -> None:
     y = X[:, 0] > 1.5
     registry.save(store, FailureModel(n_estimators=5).fit(X, y, feature_names=cols))
     rec = Recorder()
-    Service(store, keep_raw=None, alerts=rec, drains=rec,  # type: ignore[arg-type]
-            wall=lambda: 1234.5).rescore()
+    svc = Service(store, keep_raw=None, alerts=rec, drains=rec,  # type: ignore[arg-type]
+                  wall=lambda: 1234.5)
+    assert svc.explain_floor() == 0.004  # a node the drains would take has its reasons
+    svc.rescore()
     assert rec.calls == [("evaluate", 1234.5), ("deliver", 1234.5), ("drains", 0.0)]
     assert store.cursor().execute("SELECT count(*) FROM node_scores").fetchone() == (1,)
 

@@ -85,6 +85,52 @@ def test_only_the_riskiest_gpus_are_explained_on_large_fleets(store):
     assert json.loads(top_node["reasons"])[0].startswith("GPU 0: f0: 3 (fleet median")
 
 
+def test_reasons_only_above_the_explain_floor(store):
+    """Issue 15: GPUs at least ``explain_floor`` risky are explained, and so is the
+    riskiest GPU of every node at least that risky (its reasons are the node's); the
+    others get none, on any fleet size. Risks do not depend on the floor."""
+    X, y = planted_rows(3000, seed=4)
+    model = FailureModel(n_estimators=40).fit(X[:2000], y[:2000], X_cal=X[2000:], y_cal=y[2000:])
+    registry.save(store, model, created_at=T0)
+    ecc = [0.0, 0.0, 3.0, 0.0, 0.0, 2.0, 0.0, 0.0]   # GPU-2 (node-1), GPU-5 (node-2) risky
+    every = score(store, at=T0, features=_features(T0, ecc), explain_floor=0.0)
+
+    def by_uuid(r):
+        return dict(zip(r.gpu_scores.column("gpu_uuid").to_pylist(),
+                        r.gpu_scores.to_pylist(), strict=True))
+
+    quiet = by_uuid(every)["GPU-0"]["risk"]
+    node0 = next(r["risk"] for r in every.node_scores.to_pylist() if r["node"] == "node-0")
+    assert quiet < node0 < by_uuid(every)["GPU-5"]["risk"]
+    floor = (quiet + node0) / 2  # above a quiet GPU, below a node of two quiet GPUs
+    t1 = T0 + dt.timedelta(minutes=1)
+    part = score(store, at=t1, features=_features(t1, ecc), explain_floor=floor)
+    assert part.gpu_scores.column("risk").to_pylist() == every.gpu_scores.column(
+        "risk").to_pylist()
+    # the risky GPUs, and each quiet node's first GPU (ties go to the lower index)
+    explained = {"GPU-2", "GPU-5", "GPU-0", "GPU-6"}
+    for uuid, row in by_uuid(part).items():
+        want = by_uuid(every)[uuid]["reasons"] if uuid in explained else "[]"
+        assert row["reasons"] == want, uuid
+    assert json.loads(by_uuid(part)["GPU-2"]["reasons"])
+    assert [json.loads(r["reasons"]) for r in part.node_scores.to_pylist()] == [
+        json.loads(r["reasons"]) for r in every.node_scores.to_pylist()]
+
+    high = score(store, at=t1, features=_features(t1, ecc), explain_floor=node0 * 1.5)
+    nodes = {r["node"]: json.loads(r["reasons"]) for r in high.node_scores.to_pylist()}
+    assert nodes["node-1"] and nodes["node-2"] and nodes["node-0"] == nodes["node-3"] == []
+    assert [bool(json.loads(r)) for r in high.gpu_scores.column("reasons").to_pylist()] == [
+        True, True] + [False] * 6
+
+
+def test_explain_floor_is_lowered_by_alert_and_drain_thresholds():
+    from fleetcare.models.scoring import EXPLAIN_FLOOR, explain_floor_for
+
+    assert explain_floor_for() == EXPLAIN_FLOOR
+    assert explain_floor_for(0.5, None) == EXPLAIN_FLOOR
+    assert explain_floor_for(0.5, 0.002) == 0.002
+
+
 def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(store):
     """Issue 11: one meaning of "latest" for every reader (a node missing from the last
     ``LATEST_RUNS`` runs has no latest score); pruning keeps recent runs and one per hour."""

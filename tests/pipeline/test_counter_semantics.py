@@ -224,7 +224,7 @@ def test_failed_refresh_keeps_the_dirty_mark(store, monkeypatch):
     features.refresh(store)
     store.insert_sample_records(hour_of(9, 100))
 
-    def boom(lo: str, hi: str, raw: str = "telemetry") -> str:
+    def boom(lo: str, hi: str, raw: str = "telemetry", **kw: object) -> str:
         return "SELECT * FROM no_such_table"
 
     monkeypatch.setattr(rollup, "rollup_sql", boom)

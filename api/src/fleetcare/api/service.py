@@ -106,7 +106,7 @@ class Service:
             scoring.prune(self.store, self.keep_scores)
             self._retained_at = self.clock()
         if prior.ensure_current(self.store) is not None:  # the fleet prior until a fleet model
-            scoring.score(self.store)
+            scoring.score(self.store, explain_floor=self.explain_floor())
             self.scores += 1
             if self.alerts is not None:
                 # the rule works on scoring times; the outbox's retries on the wall clock
@@ -120,6 +120,14 @@ class Service:
         if self.lake and self._due(self._compacted_at, self.compact_every_s):
             self.store.raw.compact(self.store)  # type: ignore[attr-defined]
             self._compacted_at = self.clock()
+
+    def explain_floor(self) -> float:
+        """Reasons are written above ``scoring.EXPLAIN_FLOOR``, or above the alert
+        threshold or the drains' break-even risk when lower: every node an alert or a
+        drain names has its reasons."""
+        return scoring.explain_floor_for(
+            self.alerts.config.threshold if self.alerts is not None else None,
+            self.drains.cost.break_even_risk() if self.drains is not None else None)
 
     def _ingest_loop(self) -> None:
         assert self.open_consumer is not None

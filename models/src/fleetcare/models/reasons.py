@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetcare.models.model import FailureModel, Matrix
 
@@ -34,24 +35,65 @@ def _catalogue() -> dict[str, Any]:
     return {f.name: f for f in FEATURES}
 
 
-def fleet_medians(table: pa.Table, feature_names: Sequence[str]) -> dict[str, dict[str, float]]:
-    """Per GPU model (and ``"*"`` for the whole fleet): the median of each feature, NaN-aware."""
-    from fleetcare.models.model import as_matrix
+class _GroupMedians(Mapping[str, float]):
+    """The median of each feature over one group's rows (NaN-aware), computed when first
+    read: reasons show a few features' medians, and a fleet has ~200 of them."""
 
-    X, _ = as_matrix(table, feature_names)
-    out: dict[str, dict[str, float]] = {}
-    groups: dict[str, np.ndarray] = {FLEET: np.ones(len(X), dtype=bool)}
-    if "model" in table.column_names:
-        gpu_models = np.asarray(table.column("model").to_pylist(), dtype=object)
-        for m in sorted({str(v) for v in gpu_models if v is not None}):
-            groups[m] = gpu_models == m
-    for key, mask in groups.items():
-        meds: dict[str, float] = {}
-        for j, name in enumerate(feature_names):
-            col = X[mask, j]
+    def __init__(self, columns: _Columns, mask: np.ndarray | None) -> None:
+        self._columns = columns
+        self._mask = mask
+        self._done: dict[str, float] = {}
+
+    def __getitem__(self, name: str) -> float:
+        if name not in self._done:
+            col = self._columns[name]
+            if self._mask is not None:
+                col = col[self._mask]
             col = col[~np.isnan(col)]
-            meds[name] = float(np.median(col)) if len(col) else math.nan
-        out[key] = meds
+            self._done[name] = float(np.median(col)) if len(col) else math.nan
+        return self._done[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._columns.names)
+
+    def __len__(self) -> int:
+        return len(self._columns.names)
+
+
+class _Columns:
+    """Feature columns of a table as float64 arrays (nulls → NaN), converted when used."""
+
+    def __init__(self, table: pa.Table, names: Sequence[str]) -> None:
+        self.table = table
+        self.names = list(names)
+        self._known = set(self.names)
+        self._arrays: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        if name not in self._known:
+            raise KeyError(name)
+        if name not in self._arrays:
+            if name in self.table.column_names:
+                col = pc.fill_null(self.table.column(name), math.nan)
+                self._arrays[name] = np.asarray(col.to_numpy(zero_copy_only=False),
+                                                dtype=np.float64)
+            else:
+                self._arrays[name] = np.full(self.table.num_rows, math.nan)
+        return self._arrays[name]
+
+
+def fleet_medians(table: pa.Table, feature_names: Sequence[str]) -> dict[str, Mapping[str, float]]:
+    """Per GPU model (and ``"*"`` for the whole fleet): the median of each feature, NaN-aware.
+
+    Each median is computed when first read (a read-only mapping per group)."""
+    columns = _Columns(table, feature_names)
+    out: dict[str, Mapping[str, float]] = {FLEET: _GroupMedians(columns, None)}
+    if "model" in table.column_names:
+        enc = pc.dictionary_encode(table.column("model").cast(pa.string())).combine_chunks()
+        codes = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False)
+        names = enc.dictionary.to_pylist()
+        for code in sorted(range(len(names)), key=lambda c: names[c]):
+            out[names[code]] = _GroupMedians(columns, codes == code)
     return out
 
 

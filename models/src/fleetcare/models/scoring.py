@@ -39,6 +39,7 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetcare.models import registry
 from fleetcare.models.model import FailureModel
@@ -87,8 +88,15 @@ NODE_SCHEMA = pa.schema([
 ])
 
 
+EXPLAIN_FLOOR = 0.01
+"""Reasons are written for nodes whose risk is at least this (a 1 % chance of a failure
+within the model's horizon, ~20x the median node of a simulated fleet), and for GPUs at
+least this risky; the rest get none (``[]``, shown as "none"). Alert and drain
+thresholds below it lower it (``explain_floor_for``), so an alerted or drained node
+always has its reasons."""
 EXPLAIN_TOP = 2000
-"""GPUs explained per scoring run (see ``_explain_riskiest``)."""
+"""At most this many GPUs are explained per scoring run, riskiest first (see
+``_explain_riskiest``)."""
 
 
 class ScoreError(Exception):
@@ -153,36 +161,45 @@ def _naive(ts: dt.datetime) -> dt.datetime:
     return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
 
 
-def _explain_riskiest(m: FailureModel, feats: pa.Table, p: np.ndarray,
-                      top: int) -> list[list[str]]:
-    """Reasons for the ``top`` riskiest GPUs only; the others get none.
+def explain_floor_for(*thresholds: float | None) -> float:
+    """The explanation floor when alerts fire at, or drains start at, ``thresholds``:
+    ``EXPLAIN_FLOOR``, lowered to the lowest of them."""
+    return min([EXPLAIN_FLOOR, *(t for t in thresholds if t is not None)])
+
+
+def _explained_rows(p: np.ndarray, order: np.ndarray, top_gpu: np.ndarray,
+                    node_risk: np.ndarray, floor: float, top: int) -> np.ndarray:
+    """Row indices (into ``p``) to explain, riskiest first: every GPU whose risk is at
+    least ``floor`` and the riskiest GPU (``top_gpu``) of every node whose risk is (its
+    reasons are the node's), at most ``top``."""
+    want = p >= floor
+    want[top_gpu[node_risk >= floor]] = True
+    return order[want[order]][:top]
+
+
+def _explain_riskiest(m: FailureModel, feats: pa.Table, rows: np.ndarray) -> list[list[str]]:
+    """Reasons for ``rows`` only, against the fleet medians of all of ``feats``.
 
     LightGBM's per-feature contributions (TreeSHAP) cost about 1,000x a prediction:
     explaining all 100,000 GPUs of a large fleet took minutes, while schedulers and
-    people only read the reasons of the riskiest nodes. The riskiest GPU of a node is
-    what explains the node, so the top nodes are always explained.
+    people only read the reasons of risky nodes.
     """
-    n = len(p)
-    if n <= top:
-        return explain(m, feats, fleet_medians(feats, m.feature_names_in_))
-    chosen = np.argsort(-p, kind="stable")[:top]
-    sub = feats.take(pa.array(np.sort(chosen)))
-    medians = fleet_medians(feats, m.feature_names_in_)  # against the whole fleet
-    sub_reasons = explain(m, sub, medians)
-    reasons: list[list[str]] = [[] for _ in range(n)]
-    for i, r in zip(np.sort(chosen).tolist(), sub_reasons, strict=True):
-        reasons[i] = r
-    return reasons
+    if len(rows) == 0:
+        return []
+    sub = feats.take(pa.array(rows))
+    return explain(m, sub, fleet_medians(feats, m.feature_names_in_))
 
 
 def score(store: Store, *, at: dt.datetime | None = None, model: str | None = None,
-          features: pa.Table | None = None, explain_top: int = EXPLAIN_TOP) -> ScoreResult:
+          features: pa.Table | None = None, explain_top: int = EXPLAIN_TOP,
+          explain_floor: float = EXPLAIN_FLOOR) -> ScoreResult:
     """Score every live GPU at ``at`` (default: newest telemetry) with ``model`` (a model
     id; default: the current one), write the rows and return them.
 
     ``features`` are precomputed latest features (``KEY_COLUMNS`` + feature columns);
     by default ``fleetcare.pipeline.features.latest_features(store, at)``. Reasons are
-    computed for the ``explain_top`` riskiest GPUs (all of them on small fleets).
+    computed for GPUs and nodes whose risk is at least ``explain_floor``, at most the
+    ``explain_top`` riskiest GPUs (``EXPLAIN_FLOOR``).
     """
 
     ensure_schema(store)
@@ -204,44 +221,66 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
     feats = features
     if feats.num_rows == 0:
         return ScoreResult(None, model, GPU_SCHEMA.empty_table(), NODE_SCHEMA.empty_table())
-    p = m.predict_proba(feats)[:, 1]
-    reasons = _explain_riskiest(m, feats, p, explain_top)
+    n = feats.num_rows
+    p = m.predict_proba(m.matrix(feats))[:, 1]   # one float32 matrix, as in training
     ts_naive = _naive(at) if at is not None else ts_column(feats).max().astype(dt.datetime)
-    nodes = [str(n) for n in feats.column("node").to_pylist()]
-    uuids = feats.column("gpu_uuid").to_pylist()
-    idxs = feats.column("gpu_index").to_pylist()
-    gmodels = (feats.column("model").to_pylist() if "model" in feats.column_names
-               else [None] * feats.num_rows)
+    node_col = feats.column("node").cast(pa.string())
+    idx_col = feats.column("gpu_index").cast(pa.int64())
+    gmodel_col = (feats.column("model").cast(pa.string()) if "model" in feats.column_names
+                  else pa.nulls(n, pa.string()))
 
-    order = sorted(range(len(p)), key=lambda i: (-p[i], nodes[i], idxs[i] if idxs[i] is not None else -1))
+    # GPUs highest risk first (then node, then index; an unknown index first), stable
+    keys = pa.table({"risk": pa.array(p, pa.float64()), "node": node_col, "idx": idx_col})
+    order = pc.sort_indices(keys, sort_keys=[("risk", "descending", "at_end"),
+                                             ("node", "ascending", "at_end"),
+                                             ("idx", "ascending", "at_start")]).to_numpy()
+
+    # node risk = 1 - prod(1 - p), summed in log space in GPU order as before
+    enc = pc.dictionary_encode(node_col).combine_chunks()
+    node_code = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    node_names = enc.dictionary
+    with np.errstate(divide="ignore"):
+        logv = np.log1p(-np.clip(p, 0.0, 1.0))
+    logq = np.bincount(node_code[order], weights=logv[order], minlength=len(node_names))
+    node_risk = 1.0 - np.exp(logq)
+    _, first_pos = np.unique(node_code[order], return_index=True)
+    top_gpu = np.empty(len(node_names), dtype=np.int64)
+    top_gpu[node_code[order][first_pos]] = order[first_pos]   # each node's riskiest GPU
+
+    explained = np.sort(_explained_rows(p, order, top_gpu, node_risk, explain_floor,
+                                        explain_top))
+    texts = dict(zip(explained.tolist(), _explain_riskiest(m, feats, explained), strict=True))
+    reasons = ["[]"] * n
+    for i, r in texts.items():
+        reasons[i] = json.dumps(r)
+
+    order_a = pa.array(order)
+    uuid_col = feats.column("gpu_uuid").cast(pa.string())
     gpu = pa.table({
-        "ts": pa.array([ts_naive] * len(p), pa.timestamp("us")),
-        "node": [nodes[i] for i in order], "gpu_uuid": [uuids[i] for i in order],
-        "gpu_index": pa.array([idxs[i] for i in order], pa.int64()),
-        "model": pa.array([gmodels[i] for i in order], pa.string()),
-        "risk": pa.array([float(p[i]) for i in order], pa.float64()),
-        "reasons": [json.dumps(reasons[i]) for i in order],
-        "model_id": [model] * len(p),
+        "ts": pa.repeat(pa.scalar(ts_naive, pa.timestamp("us")), n),
+        "node": node_col.take(order_a), "gpu_uuid": uuid_col.take(order_a),
+        "gpu_index": idx_col.take(order_a), "model": gmodel_col.take(order_a),
+        "risk": pa.array(p[order], pa.float64()),
+        "reasons": pa.array(reasons, pa.string()).take(order_a),
+        "model_id": pa.repeat(pa.scalar(model, pa.string()), n),
     }, schema=GPU_SCHEMA)
 
-    # node risk = 1 - prod(1 - p); the riskiest GPU (first in `order`) explains the node
-    logq: dict[str, float] = {}
-    top: dict[str, int] = {}
-    for i in order:
-        n = nodes[i]
-        with np.errstate(divide="ignore"):
-            logq[n] = logq.get(n, 0.0) + float(np.log1p(-min(max(p[i], 0.0), 1.0)))
-        top.setdefault(n, i)
-    node_rows = sorted(((1.0 - float(np.exp(q)), n) for n, q in logq.items()),
-                       key=lambda r: (-r[0], r[1]))
+    n_nodes = len(node_names)
+    node_order = pa.array(pc.sort_indices(
+        pa.table({"risk": pa.array(node_risk, pa.float64()), "node": node_names}),
+        sort_keys=[("risk", "descending"), ("node", "ascending")]))
+    idxs = idx_col.to_pylist()
+    node_reasons = ["[]"] * n_nodes
+    for k in np.flatnonzero(np.isin(top_gpu, explained)).tolist():
+        g = int(top_gpu[k])
+        node_reasons[k] = json.dumps([f"GPU {idxs[g]}: {t}" for t in texts[g]])
     node = pa.table({
-        "ts": pa.array([ts_naive] * len(node_rows), pa.timestamp("us")),
-        "node": [n for _, n in node_rows],
-        "risk": pa.array([r for r, _ in node_rows], pa.float64()),
-        "reasons": [json.dumps([f"GPU {idxs[top[n]]}: {s}" for s in reasons[top[n]]])
-                    for _, n in node_rows],
-        "top_gpu_uuid": [uuids[top[n]] for _, n in node_rows],
-        "model_id": [model] * len(node_rows),
+        "ts": pa.repeat(pa.scalar(ts_naive, pa.timestamp("us")), n_nodes),
+        "node": node_names.take(node_order),
+        "risk": pa.array(node_risk, pa.float64()).take(node_order),
+        "reasons": pa.array(node_reasons, pa.string()).take(node_order),
+        "top_gpu_uuid": uuid_col.take(pa.array(top_gpu)).take(node_order),
+        "model_id": pa.repeat(pa.scalar(model, pa.string()), n_nodes),
     }, schema=NODE_SCHEMA)
     _write(store, ts_naive, model, gpu, node)
     return ScoreResult(ts_naive.replace(tzinfo=dt.UTC), model, gpu, node)

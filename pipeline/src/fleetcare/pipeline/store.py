@@ -238,9 +238,13 @@ class Store:
         return self._insert_new(table, data, keys[table])
 
     def insert_samples(self, data: pa.Table) -> int:
-        if data.num_rows:
-            self.mark_dirty(pc.min(data.column("ts")).as_py())
-        return self._insert_new("telemetry", data, schema.SAMPLE_KEY)
+        # the mark and the rows land under one lock: a refresh takes the mark
+        # (``rollup._take_dirty`` holds the lock too) before both or after both, never
+        # between them, which would consume the mark of rows its snapshot lacks
+        with self._lock:
+            if data.num_rows:
+                self.mark_dirty(pc.min(data.column("ts")).as_py())
+            return self._insert_new("telemetry", data, schema.SAMPLE_KEY)
 
     def mark_dirty(self, lo: dt.datetime, *, key: str = DIRTY_SINCE_KEY) -> None:
         """Lower ``key`` (default ``DIRTY_SINCE_KEY``) to ``lo``, the oldest incoming ts.
