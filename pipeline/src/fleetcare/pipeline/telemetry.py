@@ -69,9 +69,13 @@ class RawTelemetry(Protocol):
         ...
 
     def latest_samples(self, cur: Cursor, *, node: str | None = None,
-                       gpu_uuid: str | None = None) -> list[dict[str, Any]]:
+                       gpu_uuid: str | None = None,
+                       since: dt.datetime | None = None) -> list[dict[str, Any]]:
         """The newest sample of each GPU (of ``node`` / the one ``gpu_uuid``), as dicts
-        of ``SAMPLE_COLUMNS``."""
+        of ``SAMPLE_COLUMNS``. ``since``: the caller needs only GPUs with a sample at or
+        after it, so a source may read just that stretch (the table: its zone maps skip
+        older row groups, a bounded read however long raw data is kept); GPUs whose
+        newest sample is older may or may not be returned."""
         ...
 
 
@@ -99,10 +103,14 @@ class TableTelemetry:
         return int(cur.execute("DELETE FROM telemetry WHERE ts < ?", [cutoff]).fetchall()[0][0])
 
     def latest_samples(self, cur: Cursor, *, node: str | None = None,
-                       gpu_uuid: str | None = None) -> list[dict[str, Any]]:
+                       gpu_uuid: str | None = None,
+                       since: dt.datetime | None = None) -> list[dict[str, Any]]:
         cols = ", ".join(f"t.{c}" for c in SAMPLE_COLUMNS)
         where, params = gpu_filter(node, gpu_uuid)
         t_where, _ = gpu_filter(node, gpu_uuid, "t.")
+        if since is not None:
+            where += f" AND ts >= {sql_ts(since)}"
+            t_where += f" AND t.ts >= {sql_ts(since)}"
         # a join on each GPU's newest ts: ~1.5x faster than a window over the node's rows
         rows = cur.execute(
             f"""SELECT {cols} FROM telemetry t
