@@ -2,7 +2,10 @@
 
 The service is one process: ingest, scorer and API threads share one DuckDB database,
 so the app only *reads*, each request through its own ``store.cursor()`` (FastAPI runs
-sync endpoints on worker threads).
+sync endpoints on worker threads; DuckDB's MVCC lets reads run while a write
+transaction is open, and no reader takes the store's write lock). The latest node scores
+``/v1/risk`` pages through are held in memory (``latest_scores``), rebuilt after each
+scoring run.
 
 The one exception: the API is the process that holds the database, so the few writes
 that come from outside (incident reports, node labels, tokens, dashboard sessions) go
@@ -66,6 +69,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import queries, sessions
+from fleetcare.api.latest_scores import LatestScores
 from fleetcare.api.request_bounds import DEFAULT_MAX_BODY_BYTES, BodyLimit, excerpt
 from fleetcare.api.routers import docs, nodes, operations, risk, service, tokens, web
 from fleetcare.api.routers.deps import AppContext, invalid
@@ -188,6 +192,19 @@ def _ensure_api_tables(store: Store, auth: bool) -> None:
         cur.close()
 
 
+def _start_latest_scores(store: Store, latest: LatestScores) -> None:
+    """Build the in-memory latest scores now, and after each scoring run of this
+    process."""
+    latest.attach(store)
+    cur = store.cursor()
+    try:
+        latest.refresh(cur)
+    except duckdb.Error as exc:  # a read-only store without score tables: none to serve
+        log.warning("api.latest_scores_not_built error=%s", exc)
+    finally:
+        cur.close()
+
+
 def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = time.time,
                simulated: bool | None = None, drains: Any = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -221,9 +238,10 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
     app.state.store = store
     app.state.auth = auth
     app.state.token_cache = _auth.TokenCache()
-    app.state.ctx = AppContext(store=store, version=version, clock=clock, simulated=simulated,
-                               drains=drains, ingest=ingest)
+    app.state.ctx = ctx = AppContext(store=store, version=version, clock=clock,
+                                     simulated=simulated, drains=drains, ingest=ingest)
     _ensure_api_tables(store, auth)
+    _start_latest_scores(store, ctx.latest)
     docs.mount(app)
 
     @app.exception_handler(duckdb.Error)

@@ -15,6 +15,11 @@ probability of a failure within the model's horizon; a node's risk is
 ``1 - prod(1 - p_gpu)`` and its reasons are its riskiest GPU's, prefixed ``"GPU <index>: "``.
 ``reasons`` is a JSON list of sentences.
 
+Readers that keep the latest scores in memory (the API's ``/v1/risk``) learn of new rows
+two ways: ``on_written`` callbacks run after each ``score`` commits, and
+``scores_version`` (rows and newest ts of ``node_scores``) changes with any other write
+but a rewrite of the same rows in place.
+
 This module owns both tables: their DDL, their one meaning of *latest* and their pruning.
 The latest score of a node (or GPU) is its newest row among the last ``LATEST_RUNS``
 scoring runs: a node that stopped reporting drops out of the API's ``/v1/risk``, the
@@ -32,8 +37,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
@@ -45,6 +52,8 @@ from fleetcare.models.model import FailureModel
 from fleetcare.models.reasons import explain, fleet_medians
 from fleetcare.models.training import ts_column
 from fleetcare.pipeline.store import Store
+
+log = logging.getLogger(__name__)
 
 LATEST_RUNS = 3
 """A node or GPU missing from this many newest scoring runs has no latest score."""
@@ -122,6 +131,27 @@ _cache_lock = threading.Lock()
 
 
 _ready: weakref.WeakSet[Store] = weakref.WeakSet()
+_listeners: weakref.WeakKeyDictionary[Store, list[Callable[[Store], None]]] = (
+    weakref.WeakKeyDictionary())
+_listeners_lock = threading.Lock()
+
+
+def on_written(store: Store, callback: Callable[[Store], None]) -> None:
+    """Call ``callback(store)`` after each scoring run written to ``store`` by this
+    process has committed (in the scorer's thread; an exception is logged, the run
+    stands)."""
+    with _listeners_lock:
+        _listeners.setdefault(store, []).append(callback)
+
+
+def _written(store: Store) -> None:
+    with _listeners_lock:
+        callbacks = list(_listeners.get(store, ()))
+    for callback in callbacks:
+        try:
+            callback(store)
+        except Exception:
+            log.exception("scoring.listener_failed callback=%r", callback)
 
 
 def ensure_schema(store: Store) -> None:
@@ -243,11 +273,16 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
         "top_gpu_uuid": [uuids[top[n]] for _, n in node_rows],
         "model_id": [model] * len(node_rows),
     }, schema=NODE_SCHEMA)
-    _write(store, ts_naive, model, gpu, node)
+    write_run(store, ts_naive, model, gpu, node)
     return ScoreResult(ts_naive.replace(tzinfo=dt.UTC), model, gpu, node)
 
 
-def _write(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table, node: pa.Table) -> None:
+def write_run(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table,
+              node: pa.Table) -> None:
+    """Write one scoring run (``GPU_SCHEMA`` / ``NODE_SCHEMA`` rows at ``ts``, naive UTC)
+    in one transaction, replacing that ts and model's rows; then the ``on_written``
+    callbacks."""
+    ensure_schema(store)
     with store.transaction() as cur:
         for table, data in (("gpu_scores", gpu), ("node_scores", node)):
             cur.execute(f"DELETE FROM {table} WHERE ts = ? AND model_id = ?",
@@ -255,6 +290,7 @@ def _write(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table, node: pa
             cur.register("incoming_scores", data)
             cur.execute(f"INSERT INTO {table} SELECT * FROM incoming_scores").fetchall()
             cur.unregister("incoming_scores")
+    _written(store)
 
 
 def prune(store: Store, keep: ScoreRetention | None = None) -> int:
@@ -289,3 +325,50 @@ def latest_node_scores(store: Store, *, limit: int | None = None) -> pa.Table:
     ensure_schema(store)
     sql = "SELECT * FROM latest_node_scores" + (f" LIMIT {int(limit)}" if limit else "")
     return store.cursor().sql(sql).to_arrow_table()
+
+
+def scores_version(cur: duckdb.DuckDBPyConnection) -> tuple[int, dt.datetime | None]:
+    """(rows, newest ts) of ``node_scores``: one cheap query whose answer changes with
+    every write to the table except a rewrite of the same rows in place (``score``
+    announces its own runs through ``on_written``). The newest ts is also the newest
+    scoring run's."""
+    rows, newest = cur.execute("SELECT count(*), max(ts) FROM node_scores").fetchall()[0]
+    return int(rows), newest
+
+
+@dataclass(frozen=True, slots=True)
+class LatestNodes:
+    """``read_latest_nodes``: what the latest node scores were at one moment."""
+
+    version: tuple[int, dt.datetime | None]  # scores_version
+    nodes: pa.Table          # latest_node_scores: NODE_SCHEMA, highest risk first
+    gpu_floor: dt.datetime | None  # oldest ts of gpu_scores' newest LATEST_RUNS runs
+
+
+def read_latest_nodes(cur: duckdb.DuckDBPyConnection) -> LatestNodes:
+    """Each node's latest score (``LATEST_RUNS``, highest risk first), the
+    ``scores_version`` it was read at and the floor of the GPUs' latest runs, in one read
+    transaction on ``cur`` (a cursor no transaction is open on): a write committing
+    meanwhile is in all of them or in none."""
+    cur.execute("BEGIN TRANSACTION")
+    try:
+        version = scores_version(cur)
+        table = cur.sql("SELECT * FROM latest_node_scores").to_arrow_table()
+        gpu_floor = cur.execute(_runs_floor("gpu_scores")).fetchall()[0][0]
+    finally:
+        cur.execute("COMMIT")
+    return LatestNodes(version, table, gpu_floor)
+
+
+def latest_node_gpu_scores(cur: duckdb.DuckDBPyConnection, node: str,
+                           gpu_floor: dt.datetime | None) -> list[tuple[object, ...]]:
+    """The latest score of each GPU of ``node`` (``latest_gpu_scores`` for one node) as
+    rows of ``GPU_SCHEMA``'s columns, read from the runs since ``gpu_floor``
+    (``LatestNodes.gpu_floor``) only: the zone maps on ts skip older row groups, so the
+    read is bounded however many runs ``prune`` keeps."""
+    if gpu_floor is None:
+        return []
+    return cur.execute(
+        "SELECT * FROM gpu_scores WHERE node = ? AND ts >= ? "
+        "QUALIFY row_number() OVER (PARTITION BY gpu_uuid ORDER BY ts DESC) = 1 "
+        "ORDER BY gpu_index, gpu_uuid", [node, gpu_floor]).fetchall()

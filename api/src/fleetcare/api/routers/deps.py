@@ -1,6 +1,6 @@
 """What the routers share: the per-request cursor, the scope dependencies, the documented
-auth errors, the app's context (clock, SIMULATED flag, drain controller, ingest metrics)
-and the 422 helpers.
+auth errors, the app's context (clock, SIMULATED flag, drain controller, ingest metrics,
+the in-memory latest scores) and the 422 helpers.
 
 ``AppContext`` replaces the closure ``create_app`` used to be: ``create_app`` builds one
 and keeps it in ``app.state.ctx``; endpoints receive it through the ``Ctx`` dependency.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import duckdb
@@ -20,6 +20,7 @@ from pydantic import Field
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import queries
+from fleetcare.api.latest_scores import LatestScores
 from fleetcare.api.schemas import ErrorDetail
 from fleetcare.collectors.agent_metrics import Family
 from fleetcare.pipeline.store import Store
@@ -35,6 +36,7 @@ class AppContext:
     simulated: bool | None = None
     drains: Any = None
     ingest: Callable[[], Iterable[Family]] | None = None
+    latest: LatestScores = field(default_factory=LatestScores)
 
     def is_simulated(self, cur: duckdb.DuckDBPyConnection, tables: set[str]) -> bool:
         """The SIMULATED flag: forced by ``create_app(simulated=)``, else ``meta``'s."""
