@@ -161,11 +161,6 @@ def node_risk(row: tuple[Any, ...]) -> dict[str, Any]:
     }
 
 
-def labelled_nodes(cur: Cursor, key: str, value: str) -> set[str]:
-    """The nodes whose label ``key`` is ``value`` (``node_labels`` must exist)."""
-    return {r[0] for r in cur.execute(_LABELLED, [key, value]).fetchall()}
-
-
 def nodes_with_gpu_model(cur: Cursor, gpu_model: str) -> set[str]:
     """The nodes with a scored GPU whose model contains ``gpu_model``, case-insensitive
     (``gpu_scores`` must exist)."""
@@ -252,6 +247,27 @@ def node_labels(cur: Cursor, tables: set[str], nodes: list[str]) -> dict[str, di
     return out
 
 
+_labels_set = 0
+"""How many times this process has called ``set_labels`` (part of ``labels_version``)."""
+
+
+def labels_version(cur: Cursor) -> tuple[Any, ...]:
+    """Changes with every write to ``node_labels``: rows and newest update, and this
+    process's count of ``set_labels`` calls (a replace keeps both when the clock stands
+    still). Only a rewrite in place by something else goes unseen."""
+    rows, newest = cur.execute("SELECT count(*), max(updated_at) FROM node_labels").fetchall()[0]
+    return int(rows), newest, _labels_set
+
+
+def all_labels(cur: Cursor) -> dict[str, dict[str, str]]:
+    """{node: {key: value}} of every labelled node (``node_labels`` must exist)."""
+    out: dict[str, dict[str, str]] = {}
+    for node, key, value in cur.execute(
+            "SELECT node, key, value FROM node_labels ORDER BY node, key").fetchall():
+        out.setdefault(node, {})[key] = value
+    return out
+
+
 def labels_reader(store: Any) -> Callable[[str], dict[str, str]]:
     """``node -> its labels``, read from ``store`` at each call: the alert engine's
     ``node_labels`` (a node's partition reaches alerts, and Alertmanager's routes)."""
@@ -287,6 +303,8 @@ def set_labels(cur: Cursor, node: str, labels: dict[str, str],
     except BaseException:
         cur.execute("ROLLBACK")
         raise
+    global _labels_set
+    _labels_set += 1
     return node_labels(cur, {"node_labels"}, [node]).get(node, {})
 
 
@@ -304,41 +322,39 @@ def _latest_samples(cur: Cursor, tables: set[str], raw: RawTelemetry | None,
     return out
 
 
-TELEMETRY_WINDOW = dt.timedelta(hours=1)
+TELEMETRY_WINDOW = dt.timedelta(minutes=10)
 """How far before a scored node's latest score ``node_detail`` looks for its GPUs'
-newest samples, before reading all of the node's telemetry (see ``node_detail``)."""
+newest samples (agents report every minute; a score's ts is its newest sample's) before
+reading all of the node's telemetry (see ``node_detail``)."""
 
 
-def _gpu(uuid: str, index: Any, model: Any, risk: Any, reasons_raw: Any,
-         ts: Any) -> dict[str, Any]:
+def gpu_score(uuid: str, index: Any, model: Any, risk: Any, reasons_raw: Any,
+              ts: Any) -> dict[str, Any]:
+    """A GPU's score row as ``node_detail``'s JSON (no telemetry yet)."""
     return {"gpu_uuid": uuid, "gpu_index": index, "model": model, "risk": finite(risk),
             "reasons": reasons(reasons_raw), "scored_at": iso_z(ts), "telemetry": None}
 
 
 def node_detail(cur: Cursor, tables: set[str], node: str,
                 raw: RawTelemetry | None = None, *, latest: dict[str, Any] | None = None,
-                gpu_floor: dt.datetime | None = None) -> dict[str, Any] | None:
+                latest_gpus: Sequence[dict[str, Any]] = (),
+                labels: dict[str, str] | None = None) -> dict[str, Any] | None:
     """The node's latest score and its GPUs (score + latest telemetry); None if unknown.
 
-    ``latest``: the node's latest score (``latest_scores.Snapshot.by_node``), when it has
-    one, and ``gpu_floor`` the snapshot's. Then every read is bounded: its GPUs' latest
-    scores (``scoring.latest_node_gpu_scores``: the last ``LATEST_RUNS`` runs) and their
-    newest samples from ``TELEMETRY_WINDOW`` before the node's score on (all of the
-    node's telemetry only if a scored GPU has no sample there), with a GPU seen in
-    neither left out: it left the node. Without ``latest`` (a node that stopped
-    reporting, or an unknown one) the node's whole history is read: its newest score
-    and each GPU's, however old.
+    ``latest``, ``latest_gpus``: the node's latest score and its GPUs' (the scorer's
+    meaning, held by ``latest_scores.Snapshot``), when it has one; then the only read is
+    its GPUs' newest samples from ``TELEMETRY_WINDOW`` before the node's score on, bounded
+    (all of the node's telemetry only when a scored GPU has no sample there), and a GPU
+    in neither is left out: it left the node. Without ``latest`` (a node that stopped
+    reporting, or an unknown one) the node's whole history is read: its newest score and
+    each GPU's, however old. ``labels``: the node's labels, if already known.
     """
-    from fleetcare.models import scoring
-
     score = None
     gpus: dict[str, dict[str, Any]] = {}
     since = None
     if latest is not None:
         score = dict(latest)
-        for (ts, _node, uuid, index, model, risk, reasons_raw,
-             _model_id) in scoring.latest_node_gpu_scores(cur, node, gpu_floor):
-            gpus[uuid] = _gpu(uuid, index, model, risk, reasons_raw, ts)
+        gpus = {g["gpu_uuid"]: dict(g) for g in latest_gpus}
         scored = dt.datetime.fromisoformat(latest["scored_at"].removesuffix("Z"))
         since = scored - TELEMETRY_WINDOW
     else:
@@ -357,10 +373,12 @@ def node_detail(cur: Cursor, tables: set[str], node: str,
                 [node],
             ).fetchall()
             for row in rows:
-                gpus[row[0]] = _gpu(*row)
+                gpus[row[0]] = gpu_score(*row)
     samples = _latest_samples(cur, tables, raw, since, node=node)
-    if since is not None and not set(gpus) <= {s["gpu_uuid"] for s in samples}:
-        samples = _latest_samples(cur, tables, raw, node=node)  # a scored GPU went quiet
+    recent = {s["gpu_uuid"] for s in samples}
+    if since is not None and not set(gpus) <= recent:  # a scored GPU went quiet
+        samples = [s for s in _latest_samples(cur, tables, raw, node=node)
+                   if s["gpu_uuid"] in gpus or s["gpu_uuid"] in recent]
     for sample in samples:
         gpu = gpus.setdefault(sample["gpu_uuid"], {
             "gpu_uuid": sample["gpu_uuid"], "gpu_index": sample["gpu_index"],
@@ -375,8 +393,9 @@ def node_detail(cur: Cursor, tables: set[str], node: str,
                  "scored_at": None, "model_id": None}
     ordered = sorted(gpus.values(), key=lambda g: (
         g["gpu_index"] is None, g["gpu_index"] or 0, g["gpu_uuid"]))
-    labels = node_labels(cur, tables, [node]).get(node, {})
-    return {**score, "labels": labels, "gpus": ordered}
+    if labels is None:
+        labels = node_labels(cur, tables, [node]).get(node, {})
+    return {**score, "labels": dict(labels), "gpus": ordered}
 
 
 def gpu_detail(cur: Cursor, tables: set[str], gpu_uuid: str,

@@ -15,10 +15,10 @@ probability of a failure within the model's horizon; a node's risk is
 ``1 - prod(1 - p_gpu)`` and its reasons are its riskiest GPU's, prefixed ``"GPU <index>: "``.
 ``reasons`` is a JSON list of sentences.
 
-Readers that keep the latest scores in memory (the API's ``/v1/risk``) learn of new rows
-two ways: ``on_written`` callbacks run after each ``score`` commits, and
-``scores_version`` (rows and newest ts of ``node_scores``) changes with any other write
-but a rewrite of the same rows in place.
+Readers that keep the latest scores in memory (the API's ``/v1/risk`` and node pages)
+read them with ``read_latest`` and learn of new rows two ways: ``on_written`` callbacks
+run after each ``score`` commits, and ``scores_version`` (rows of both tables, newest ts)
+changes with any other write but a rewrite of the same rows in place.
 
 This module owns both tables: their DDL, their one meaning of *latest* and their pruning.
 The latest score of a node (or GPU) is its newest row among the last ``LATEST_RUNS``
@@ -327,48 +327,35 @@ def latest_node_scores(store: Store, *, limit: int | None = None) -> pa.Table:
     return store.cursor().sql(sql).to_arrow_table()
 
 
-def scores_version(cur: duckdb.DuckDBPyConnection) -> tuple[int, dt.datetime | None]:
-    """(rows, newest ts) of ``node_scores``: one cheap query whose answer changes with
-    every write to the table except a rewrite of the same rows in place (``score``
-    announces its own runs through ``on_written``). The newest ts is also the newest
-    scoring run's."""
-    rows, newest = cur.execute("SELECT count(*), max(ts) FROM node_scores").fetchall()[0]
-    return int(rows), newest
+def scores_version(cur: duckdb.DuckDBPyConnection) -> tuple[int, int, dt.datetime | None]:
+    """(rows of ``node_scores``, rows of ``gpu_scores``, newest node score's ts): one
+    cheap query whose answer changes with every write to the two tables except a rewrite
+    of the same rows in place (``score`` announces its own runs through ``on_written``).
+    The newest ts is also the newest scoring run's."""
+    nodes, gpus, newest = cur.execute(
+        "SELECT (SELECT count(*) FROM node_scores), (SELECT count(*) FROM gpu_scores), "
+        "(SELECT max(ts) FROM node_scores)").fetchall()[0]
+    return int(nodes), int(gpus), newest
 
 
 @dataclass(frozen=True, slots=True)
-class LatestNodes:
-    """``read_latest_nodes``: what the latest node scores were at one moment."""
+class Latest:
+    """``read_latest``: the latest scores at one moment."""
 
-    version: tuple[int, dt.datetime | None]  # scores_version
+    version: tuple[int, int, dt.datetime | None]  # scores_version
     nodes: pa.Table          # latest_node_scores: NODE_SCHEMA, highest risk first
-    gpu_floor: dt.datetime | None  # oldest ts of gpu_scores' newest LATEST_RUNS runs
+    gpus: pa.Table           # latest_gpu_scores: GPU_SCHEMA, highest risk first
 
 
-def read_latest_nodes(cur: duckdb.DuckDBPyConnection) -> LatestNodes:
-    """Each node's latest score (``LATEST_RUNS``, highest risk first), the
-    ``scores_version`` it was read at and the floor of the GPUs' latest runs, in one read
-    transaction on ``cur`` (a cursor no transaction is open on): a write committing
-    meanwhile is in all of them or in none."""
+def read_latest(cur: duckdb.DuckDBPyConnection) -> Latest:
+    """Each node's and each GPU's latest score (``LATEST_RUNS``) and the
+    ``scores_version`` they were read at, in one read transaction on ``cur`` (a cursor no
+    transaction is open on): a run committing meanwhile is in all of them or in none."""
     cur.execute("BEGIN TRANSACTION")
     try:
         version = scores_version(cur)
-        table = cur.sql("SELECT * FROM latest_node_scores").to_arrow_table()
-        gpu_floor = cur.execute(_runs_floor("gpu_scores")).fetchall()[0][0]
+        nodes = cur.sql("SELECT * FROM latest_node_scores").to_arrow_table()
+        gpus = cur.sql("SELECT * FROM latest_gpu_scores").to_arrow_table()
     finally:
         cur.execute("COMMIT")
-    return LatestNodes(version, table, gpu_floor)
-
-
-def latest_node_gpu_scores(cur: duckdb.DuckDBPyConnection, node: str,
-                           gpu_floor: dt.datetime | None) -> list[tuple[object, ...]]:
-    """The latest score of each GPU of ``node`` (``latest_gpu_scores`` for one node) as
-    rows of ``GPU_SCHEMA``'s columns, read from the runs since ``gpu_floor``
-    (``LatestNodes.gpu_floor``) only: the zone maps on ts skip older row groups, so the
-    read is bounded however many runs ``prune`` keeps."""
-    if gpu_floor is None:
-        return []
-    return cur.execute(
-        "SELECT * FROM gpu_scores WHERE node = ? AND ts >= ? "
-        "QUALIFY row_number() OVER (PARTITION BY gpu_uuid ORDER BY ts DESC) = 1 "
-        "ORDER BY gpu_index, gpu_uuid", [node, gpu_floor]).fetchall()
+    return Latest(version, nodes, gpus)

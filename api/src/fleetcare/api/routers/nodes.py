@@ -42,12 +42,13 @@ def node_detail(node: str, cur: Cur, ctx: Ctx) -> Any:
     telemetry (a scored node: the GPUs of its latest scoring runs and recent telemetry,
     bounded reads; one that stopped reporting: its last scores)."""
     tables = queries.existing_tables(cur)
-    latest, gpu_floor = None, None
+    latest, gpus = None, ()
     if "node_scores" in tables:
         snap = ctx.latest.current(cur)
-        latest, gpu_floor = snap.by_node.get(node), snap.gpu_floor
+        latest, gpus = snap.by_node.get(node), snap.gpus.get(node, ())
+    labels = ctx.latest.labels(cur, tables).get(node, {}) if "node_labels" in tables else None
     detail = queries.node_detail(cur, tables, node, ctx.store.raw, latest=latest,
-                                 gpu_floor=gpu_floor)
+                                 latest_gpus=gpus, labels=labels)
     if detail is None:
         raise HTTPException(status_code=404, detail=_UNKNOWN_NODE.format(node=node))
     return {**detail, "simulated": ctx.is_simulated(cur, tables)}
