@@ -9,7 +9,7 @@ and keeps it in ``app.state.ctx``; endpoints receive it through the ``Ctx`` depe
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -49,13 +49,16 @@ class AppContext:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC).replace(tzinfo=None)
 
 
-def _context(request: Request) -> AppContext:
+async def _context(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx
     return ctx
 
 
-def _cursor(request: Request) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB cursor of its own for each request (requests run on worker threads)."""
+async def _cursor(request: Request) -> AsyncIterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB cursor of its own for each request (requests run on worker threads).
+    Opened and closed on the event loop: both are quick calls, and a sync dependency
+    would cost two hand-offs to the thread pool per request (as ``_context`` and
+    ``app._known_query_parameters`` are async for the same reason)."""
     cur = request.app.state.store.cursor()
     try:
         yield cur
