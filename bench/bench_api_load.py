@@ -61,9 +61,14 @@ def _pct(values: list[float], q: float) -> float | None:
 
 def client(base: str, token: str, nodes: list[str], rate: float, duration: float,
            workers: int, out: Any) -> None:
-    """Open-loop load: ``workers`` threads share one schedule of ``rate`` requests/s."""
-    import httpx
+    """Open-loop load: ``workers`` threads share one schedule of ``rate`` requests/s.
 
+    The standard library's keep-alive HTTP client, not httpx: the client shares the
+    machine's two cores with the server, and httpx cost several times its CPU."""
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(base)
     n = int(rate * duration)
     start = time.perf_counter() + 0.5
     deadline = start + duration + 10.0
@@ -73,41 +78,46 @@ def client(base: str, token: str, nodes: list[str], rate: float, duration: float
     sched: list[float] = []
     errors: dict[str, int] = {}
     by_path = {"risk": 0, "node": 0}
+    headers = {"Authorization": f"Bearer {token}"}
 
     def work(seed: int) -> None:
         rng = random.Random(seed)
-        with httpx.Client(base_url=base, timeout=10,
-                          headers={"Authorization": f"Bearer {token}"}) as http:
-            while True:
+        conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= n:
+                conn.close()
+                return
+            due = start + i / rate
+            if time.perf_counter() > deadline:
                 with lock:
-                    i = nxt[0]
-                    nxt[0] += 1
-                if i >= n:
-                    return
-                due = start + i / rate
-                if time.perf_counter() > deadline:
-                    with lock:
-                        errors["not_sent"] = errors.get("not_sent", 0) + 1
-                    continue
-                wait = due - time.perf_counter()
-                if wait > 0:
-                    time.sleep(wait)
-                kind = "risk" if i % 2 == 0 else "node"
-                path = "/v1/risk?limit=100" if kind == "risk" else f"/v1/nodes/{rng.choice(nodes)}"
-                t0 = time.perf_counter()
-                try:
-                    status = http.get(path).status_code
-                    err = None if status == 200 else f"HTTP {status}"
-                except httpx.HTTPError as exc:
-                    err = type(exc).__name__
-                t1 = time.perf_counter()
-                with lock:
-                    if err:
-                        errors[err] = errors.get(err, 0) + 1
-                    else:
-                        lat.append(t1 - t0)
-                        sched.append(t1 - due)
-                        by_path[kind] += 1
+                    errors["not_sent"] = errors.get("not_sent", 0) + 1
+                continue
+            wait = due - time.perf_counter()
+            if wait > 0:
+                time.sleep(wait)
+            kind = "risk" if i % 2 == 0 else "node"
+            path = "/v1/risk?limit=100" if kind == "risk" else f"/v1/nodes/{rng.choice(nodes)}"
+            t0 = time.perf_counter()
+            try:
+                conn.request("GET", path, headers=headers)
+                resp = conn.getresponse()
+                resp.read()
+                err = None if resp.status == 200 else f"HTTP {resp.status}"
+            except (OSError, http.client.HTTPException) as exc:
+                err = type(exc).__name__
+                conn.close()
+                conn = http.client.HTTPConnection(where.hostname, where.port, timeout=10)
+            t1 = time.perf_counter()
+            with lock:
+                if err:
+                    errors[err] = errors.get(err, 0) + 1
+                else:
+                    lat.append(t1 - t0)
+                    sched.append(t1 - due)
+                    by_path[kind] += 1
 
     threads = [threading.Thread(target=work, args=(s,)) for s in range(workers)]
     for t in threads:
