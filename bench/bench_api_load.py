@@ -4,8 +4,10 @@ One service process, as in production: a DuckDB database with a simulated fleet'
 history and a scoring history of production size (``--score-runs`` runs of every GPU,
 what ``scoring.prune`` keeps between hourly ones), uvicorn serving the API (auth on, a
 read token) on a real loopback port. Writers: an ingest thread landing one fleet tick of
-live simulated telemetry every ``--tick-s`` seconds (``Store.insert_sample_columns``, the
-ingest path: 16,384 samples a tick at 2,048 nodes, 60x a real one-minute tick) and a
+live simulated telemetry every ``--tick-s`` seconds (default 60, the agents' rate: 16,384
+samples a minute at 2,048 nodes) in ``--batches-per-tick`` batches spread over the
+minute as messages arrive (``Store.insert_sample_columns``, the ingest path; ``--tick-s 1
+--batches-per-tick 1`` lands an hour of telemetry a minute, a stress case) and a
 scoring run every ``--score-every`` seconds written by ``scoring.write_run``, the scorer's
 own write (every GPU and node, reasons JSON on every row, sentences on the riskiest
 2,000 GPUs as ``scoring.EXPLAIN_TOP``), which also rebuilds the API's in-memory latest
@@ -215,8 +217,12 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=200, help="requests/s to hold")
     p.add_argument("--duration", type=float, default=60, help="seconds of load per phase")
     p.add_argument("--workers", type=int, default=32, help="client threads")
-    p.add_argument("--tick-s", type=float, default=1.0,
-                   help="wall seconds between live fleet ticks (one per simulated minute)")
+    p.add_argument("--tick-s", type=float, default=60.0,
+                   help="wall seconds per live fleet tick (one simulated minute; default 60: "
+                        "the agents' real rate; 1 lands 60 minutes of telemetry a minute)")
+    p.add_argument("--batches-per-tick", type=int, default=60,
+                   help="each tick lands in this many batches spread over it, as agents' "
+                        "messages arrive through the minute (default 60: one a second)")
     p.add_argument("--score-every", type=float, default=15.0,
                    help="wall seconds between scoring runs")
     p.add_argument("--p99-ms", type=float, default=20.0, help="the p99 target")
@@ -257,34 +263,40 @@ def main() -> None:
                              "score_s": [], "busy_s": 0.0}
 
         def writer() -> None:
-            """One fleet tick every tick_s; a scoring run every score_every (wall)."""
+            """A fleet tick every tick_s in batches_per_tick slices; a scoring run every
+            score_every (wall)."""
             k = 0
-            next_tick = next_score = time.perf_counter()
+            parts = max(1, args.batches_per_tick)
+            every = args.tick_s / parts
+            next_batch = next_score = time.perf_counter()
             while not stop.is_set():
                 if not writing.wait(0.1):
-                    next_tick = next_score = time.perf_counter() + args.score_every / 2
+                    next_batch = next_score = time.perf_counter() + args.score_every / 2
                     continue
                 now = time.perf_counter()
-                if now < next_tick:
-                    stop.wait(next_tick - now)
+                if now < next_batch:
+                    stop.wait(next_batch - now)
                     continue
-                tick = dict(cycle[k % len(cycle)])
-                shift = np.timedelta64(30 * (k // len(cycle)), "m")
-                tick["ts"] = tick["ts"] + shift
+                tick = cycle[(k // parts) % len(cycle)]
+                rows = len(tick["ts"])
+                lo, hi = rows * (k % parts) // parts, rows * (k % parts + 1) // parts
+                batch = {key: v[lo:hi] for key, v in tick.items()}
+                batch["ts"] = batch["ts"] + np.timedelta64(
+                    30 * (k // parts // len(cycle)), "m")  # replayed, shifted: no duplicates
                 w0 = time.perf_counter()
-                w["samples"] += store.insert_sample_columns(tick)
+                w["samples"] += store.insert_sample_columns(batch)
                 w["ticks"] += 1
                 w["tick_s"].append(time.perf_counter() - w0)
                 if time.perf_counter() >= next_score:
                     s0 = time.perf_counter()
-                    ts = tick["ts"][0].astype("datetime64[us]").astype(dt.datetime)
+                    ts = batch["ts"][0].astype("datetime64[us]").astype(dt.datetime)
                     scorer.run(ts)
                     w["score_runs"] += 1
                     w["score_s"].append(time.perf_counter() - s0)
                     next_score += args.score_every
                 w["busy_s"] += time.perf_counter() - w0
                 k += 1
-                next_tick += args.tick_s
+                next_batch += every
 
         thread_w = threading.Thread(target=writer, name="bench-writer", daemon=True)
         thread_w.start()
@@ -316,8 +328,9 @@ def main() -> None:
         "ceiling_p99_ms_no_writes": ceiling,
         "ratio": round(ceiling / figure, 2) if figure and ceiling else None,
         "writing": loaded_fig, "quiet": quiet,
-        "ingest_ticks": w["ticks"], "ingest_samples": w["samples"],
-        "ingest_tick_p50_ms": _pct(w["tick_s"], 50),
+        "tick_s": args.tick_s, "batches_per_tick": args.batches_per_tick,
+        "ingest_batches": w["ticks"], "ingest_samples": w["samples"],
+        "ingest_batch_p50_ms": _pct(w["tick_s"], 50),
         "score_runs": w["score_runs"], "score_write_p50_ms": _pct(w["score_s"], 50),
         "writer_busy_fraction": round(busy_writing / args.duration, 2),
         "snapshot_builds": snapshot_builds,
