@@ -192,6 +192,15 @@ def test_a_scoring_run_swaps_the_snapshot_when_it_commits(store, servers):
     assert latest.builds == builds + 1  # the request found it current
 
 
+def test_rescoring_the_same_ts_swaps_the_snapshot_too(store, client):
+    """No new telemetry between two runs: the second rewrites the first's rows in place
+    (same ts, same row counts); the scorer's own write still swaps the snapshot."""
+    run(store, minutes(0), {"a": 0.2, "b": 0.1})
+    assert [n["risk"] for n in risk(client)["nodes"]] == [0.2, 0.1]
+    run(store, minutes(0), {"a": 0.3, "b": 0.6})
+    assert [(n["node"], n["risk"]) for n in risk(client)["nodes"]] == [("b", 0.6), ("a", 0.3)]
+
+
 def test_rows_written_by_other_means_are_seen_by_the_next_request(client, fleet):
     """The behaviour before the snapshot: score rows written by hand show at once."""
     fleet.node_score("a", 0.2)

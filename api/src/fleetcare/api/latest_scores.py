@@ -108,15 +108,19 @@ class LatestScores:
     def _after_scoring(self, store: Store) -> None:
         cur = store.cursor()
         try:
-            self.refresh(cur)
+            # always: a run rescoring the same ts (no new telemetry since the last) rewrites
+            # its rows in place, which leaves the version as it was
+            self.refresh(cur, force=True)
         finally:
             cur.close()
 
-    def refresh(self, cur: Cursor) -> Snapshot:
-        """Rebuild unless the snapshot is current; returns the current one."""
+    def refresh(self, cur: Cursor, *, force: bool = False) -> Snapshot:
+        """Rebuild unless the snapshot is current (``force``: rebuild); returns the
+        current one."""
         with self._building:
             snap = self._snapshot
-            if snap is not None and snap.version == scoring.scores_version(cur):
+            if (not force and snap is not None
+                    and snap.version == scoring.scores_version(cur)):
                 return snap
             snap = build(cur)
             self._snapshot = snap  # the swap: one reference assignment
