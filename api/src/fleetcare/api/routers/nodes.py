@@ -42,7 +42,8 @@ def node_detail(node: str, cur: Cur, ctx: Ctx) -> Any:
     telemetry (a scored node: the GPUs of its latest scoring runs and recent telemetry,
     bounded reads; one that stopped reporting: its last scores)."""
     tables = queries.existing_tables(cur)
-    latest, gpus = None, ()
+    latest: dict[str, Any] | None = None
+    gpus: tuple[dict[str, Any], ...] = ()
     if "node_scores" in tables:
         snap = ctx.latest.current(cur)
         latest, gpus = snap.by_node.get(node), snap.gpus.get(node, ())
