@@ -2,7 +2,10 @@
 
 The service is one process: ingest, scorer and API threads share one DuckDB database,
 so the app only *reads*, each request through its own ``store.cursor()`` (FastAPI runs
-sync endpoints on worker threads).
+sync endpoints on worker threads; DuckDB's MVCC lets reads run while a write
+transaction is open, and no reader takes the store's write lock). The latest node scores
+``/v1/risk`` pages through are held in memory (``latest_scores``), rebuilt after each
+scoring run.
 
 The one exception: the API is the process that holds the database, so the few writes
 that come from outside (incident reports, node labels, tokens, dashboard sessions) go
@@ -66,6 +69,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import queries, sessions
+from fleetcare.api.latest_scores import LatestScores
 from fleetcare.api.request_bounds import DEFAULT_MAX_BODY_BYTES, BodyLimit, excerpt
 from fleetcare.api.routers import docs, nodes, operations, risk, service, tokens, web
 from fleetcare.api.routers.deps import AppContext, invalid
@@ -107,7 +111,7 @@ def _validation_body(exc: RequestValidationError) -> dict[str, Any]:
     return {"message": msg, "detail": jsonable_encoder(items)}
 
 
-def _known_query_parameters(request: Request) -> None:
+async def _known_query_parameters(request: Request) -> None:
     """422 for a query parameter the endpoint does not take: ``?limt=5`` silently meaning
     "no limit" is worse than an error naming the parameters it does take. The names come
     from the app's own OpenAPI spec, the contract (routes outside it are not checked)."""
@@ -115,17 +119,28 @@ def _known_query_parameters(request: Request) -> None:
         return
     route = request.scope.get("route")
     path = getattr(route, "path_format", None)
-    op = (request.app.openapi().get("paths", {}).get(path, {})
-          .get(request.method.lower()) if path else None)
-    if op is None:
+    known = _query_names(request.app, path, request.method.lower()) if path else None
+    if known is None:
         return
-    known = {p["name"] for p in op.get("parameters", []) if p.get("in") == "query"}
     unknown = [k for k in dict.fromkeys(request.query_params.keys()) if k not in known]
     if unknown:
         takes = ", ".join(sorted(known)) or "none"
         raise invalid(["query", unknown[0]], f"unknown query parameter {unknown[0]!r}; "
                        f"{request.method} {path} takes: {takes}",
                        request.query_params.get(unknown[0]))
+
+
+def _query_names(app: FastAPI, path: str, method: str) -> frozenset[str] | None:
+    """The query parameters the spec gives the operation (None: not in the spec), read
+    from ``app.openapi()`` once per operation: generating the spec showed up as a fifth
+    of the API's CPU under load."""
+    cache: dict[tuple[str, str], frozenset[str] | None] = app.state.query_names
+    key = (path, method)
+    if key not in cache:
+        op = app.openapi().get("paths", {}).get(path, {}).get(method)
+        cache[key] = None if op is None else frozenset(
+            p["name"] for p in op.get("parameters", []) if p.get("in") == "query")
+    return cache[key]
 
 
 def _route_check(route: Any) -> Any:
@@ -188,6 +203,19 @@ def _ensure_api_tables(store: Store, auth: bool) -> None:
         cur.close()
 
 
+def _start_latest_scores(store: Store, latest: LatestScores) -> None:
+    """Build the in-memory latest scores now, and after each scoring run of this
+    process."""
+    latest.attach(store)
+    cur = store.cursor()
+    try:
+        latest.refresh(cur)
+    except duckdb.Error as exc:  # a read-only store without score tables: none to serve
+        log.warning("api.latest_scores_not_built error=%s", exc)
+    finally:
+        cur.close()
+
+
 def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = time.time,
                simulated: bool | None = None, drains: Any = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -221,9 +249,11 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
     app.state.store = store
     app.state.auth = auth
     app.state.token_cache = _auth.TokenCache()
-    app.state.ctx = AppContext(store=store, version=version, clock=clock, simulated=simulated,
-                               drains=drains, ingest=ingest)
+    app.state.query_names = {}
+    app.state.ctx = ctx = AppContext(store=store, version=version, clock=clock,
+                                     simulated=simulated, drains=drains, ingest=ingest)
     _ensure_api_tables(store, auth)
+    _start_latest_scores(store, ctx.latest)
     docs.mount(app)
 
     @app.exception_handler(duckdb.Error)

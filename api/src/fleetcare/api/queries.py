@@ -148,7 +148,8 @@ def scored_node_count(cur: Cursor, tables: set[str]) -> int:
     return int(_one(cur, "SELECT count(*) FROM latest_node_scores"))
 
 
-def _node_risk(row: tuple[Any, ...]) -> dict[str, Any]:
+def node_risk(row: tuple[Any, ...]) -> dict[str, Any]:
+    """(node, risk, reasons JSON, top GPU, ts, model id) as the API's JSON."""
     node, risk, reasons_raw, top_gpu, ts, model_id = row
     return {
         "node": node,
@@ -158,6 +159,17 @@ def _node_risk(row: tuple[Any, ...]) -> dict[str, Any]:
         "scored_at": iso_z(ts),
         "model_id": model_id,
     }
+
+
+def nodes_with_gpu_model(cur: Cursor, gpu_model: str) -> set[str]:
+    """The nodes with a scored GPU whose model contains ``gpu_model``, case-insensitive
+    (``gpu_scores`` must exist)."""
+    return {r[0] for r in cur.execute(_WITH_GPU_MODEL, [gpu_model]).fetchall()}
+
+
+_LABELLED = "SELECT node FROM node_labels WHERE key = ? AND value = ?"
+_WITH_GPU_MODEL = ("SELECT DISTINCT node FROM gpu_scores "
+                   "WHERE contains(lower(model), lower(?))")
 
 
 def _risk_filter(tables: set[str], *, min_risk: float | None,
@@ -171,13 +183,12 @@ def _risk_filter(tables: set[str], *, min_risk: float | None,
     for key, value in labels:
         if "node_labels" not in tables:
             return "FALSE", []
-        conds.append("node IN (SELECT node FROM node_labels WHERE key = ? AND value = ?)")
+        conds.append(f"node IN ({_LABELLED})")
         params += [key, value]
     if gpu_model is not None:
         if "gpu_scores" not in tables:
             return "FALSE", []
-        conds.append("node IN (SELECT DISTINCT node FROM gpu_scores "
-                     "WHERE contains(lower(model), lower(?)))")
+        conds.append(f"node IN ({_WITH_GPU_MODEL})")
         params.append(gpu_model)
     return " AND ".join(conds), params
 
@@ -186,7 +197,8 @@ def risk_page(cur: Cursor, tables: set[str], *, limit: int | None = None, offset
               min_risk: float | None = None, labels: list[tuple[str, str]] | None = None,
               gpu_model: str | None = None) -> tuple[list[dict[str, Any]], int]:
     """One page of the latest node scores, highest risk first (unscorable nodes last),
-    and how many nodes match in all.
+    and how many nodes match in all, read from the score tables (the API serves the same
+    from memory: ``latest_scores.LatestScores.risk_page``).
 
     ``labels``: (key, value) pairs the node must all carry; ``gpu_model``: the node has a
     GPU whose model contains this text (case-insensitive: 'h100' matches 'NVIDIA H100
@@ -211,7 +223,7 @@ def risk_page(cur: Cursor, tables: set[str], *, limit: int | None = None, offset
                          params))
     else:
         total = 0
-    nodes = [_node_risk(r[:-1]) for r in rows]
+    nodes = [node_risk(r[:-1]) for r in rows]
     attach_labels(cur, tables, nodes)
     return nodes, total
 
@@ -231,6 +243,27 @@ def node_labels(cur: Cursor, tables: set[str], nodes: list[str]) -> dict[str, di
     rows = cur.execute("SELECT node, key, value FROM node_labels "
                        "WHERE list_contains(?, node) ORDER BY node, key", [nodes]).fetchall()
     for node, key, value in rows:
+        out.setdefault(node, {})[key] = value
+    return out
+
+
+_labels_set = 0
+"""How many times this process has called ``set_labels`` (part of ``labels_version``)."""
+
+
+def labels_version(cur: Cursor) -> tuple[Any, ...]:
+    """Changes with every write to ``node_labels``: rows and newest update, and this
+    process's count of ``set_labels`` calls (a replace keeps both when the clock stands
+    still). Only a rewrite in place by something else goes unseen."""
+    rows, newest = cur.execute("SELECT count(*), max(updated_at) FROM node_labels").fetchall()[0]
+    return int(rows), newest, _labels_set
+
+
+def all_labels(cur: Cursor) -> dict[str, dict[str, str]]:
+    """{node: {key: value}} of every labelled node (``node_labels`` must exist)."""
+    out: dict[str, dict[str, str]] = {}
+    for node, key, value in cur.execute(
+            "SELECT node, key, value FROM node_labels ORDER BY node, key").fetchall():
         out.setdefault(node, {})[key] = value
     return out
 
@@ -270,48 +303,83 @@ def set_labels(cur: Cursor, node: str, labels: dict[str, str],
     except BaseException:
         cur.execute("ROLLBACK")
         raise
+    global _labels_set
+    _labels_set += 1
     return node_labels(cur, {"node_labels"}, [node]).get(node, {})
 
 
 def _latest_samples(cur: Cursor, tables: set[str], raw: RawTelemetry | None,
-                    **which: str) -> list[dict[str, Any]]:
-    """The newest sample of each GPU chosen by ``which`` (node= / gpu_uuid=), JSON-ready."""
+                    since: dt.datetime | None = None, **which: str) -> list[dict[str, Any]]:
+    """The newest sample of each GPU chosen by ``which`` (node= / gpu_uuid=), JSON-ready
+    (``since``: see ``RawTelemetry.latest_samples``)."""
     source = _raw(raw, tables)
     out: list[dict[str, Any]] = []
-    for sample in ([] if source is None else source.latest_samples(cur, **which)):
+    for sample in ([] if source is None else source.latest_samples(cur, since=since,
+                                                                   **which)):
         sample = finite(sample)
         sample["ts"] = iso_z(sample["ts"])
         out.append(sample)
     return out
 
 
-def node_detail(cur: Cursor, tables: set[str], node: str,
-                raw: RawTelemetry | None = None) -> dict[str, Any] | None:
-    """The node's latest score and its GPUs (score + latest telemetry); None if unknown."""
-    score = None
-    if "node_scores" in tables:
-        row = cur.execute(
-            "SELECT node, CASE WHEN isfinite(risk) THEN risk END, reasons, top_gpu_uuid, ts, "
-            "model_id FROM node_scores WHERE node = ? ORDER BY ts DESC LIMIT 1",
-            [node],
-        ).fetchone()
-        score = _node_risk(row) if row else None
+TELEMETRY_WINDOW = dt.timedelta(minutes=10)
+"""How far before a scored node's latest score ``node_detail`` looks for its GPUs'
+newest samples (agents report every minute; a score's ts is its newest sample's) before
+reading all of the node's telemetry (see ``node_detail``)."""
 
+
+def gpu_score(uuid: str, index: Any, model: Any, risk: Any, reasons_raw: Any,
+              ts: Any) -> dict[str, Any]:
+    """A GPU's score row as ``node_detail``'s JSON (no telemetry yet)."""
+    return {"gpu_uuid": uuid, "gpu_index": index, "model": model, "risk": finite(risk),
+            "reasons": reasons(reasons_raw), "scored_at": iso_z(ts), "telemetry": None}
+
+
+def node_detail(cur: Cursor, tables: set[str], node: str,
+                raw: RawTelemetry | None = None, *, latest: dict[str, Any] | None = None,
+                latest_gpus: Sequence[dict[str, Any]] = (),
+                labels: dict[str, str] | None = None) -> dict[str, Any] | None:
+    """The node's latest score and its GPUs (score + latest telemetry); None if unknown.
+
+    ``latest``, ``latest_gpus``: the node's latest score and its GPUs' (the scorer's
+    meaning, held by ``latest_scores.Snapshot``), when it has one; then the only read is
+    its GPUs' newest samples from ``TELEMETRY_WINDOW`` before the node's score on, bounded
+    (all of the node's telemetry only when a scored GPU has no sample there), and a GPU
+    in neither is left out: it left the node. Without ``latest`` (a node that stopped
+    reporting, or an unknown one) the node's whole history is read: its newest score and
+    each GPU's, however old. ``labels``: the node's labels, if already known.
+    """
+    score = None
     gpus: dict[str, dict[str, Any]] = {}
-    if "gpu_scores" in tables:
-        rows = cur.execute(
-            """SELECT gpu_uuid, gpu_index, model, CASE WHEN isfinite(risk) THEN risk END,
-                      reasons, ts
-            FROM gpu_scores WHERE node = ?
-            QUALIFY row_number() OVER (PARTITION BY gpu_uuid ORDER BY ts DESC) = 1""",
-            [node],
-        ).fetchall()
-        for uuid, index, model, risk, reasons_raw, ts in rows:
-            gpus[uuid] = {
-                "gpu_uuid": uuid, "gpu_index": index, "model": model, "risk": risk,
-                "reasons": reasons(reasons_raw), "scored_at": iso_z(ts), "telemetry": None,
-            }
-    for sample in _latest_samples(cur, tables, raw, node=node):
+    since = None
+    if latest is not None:
+        score = dict(latest)
+        gpus = {g["gpu_uuid"]: dict(g) for g in latest_gpus}
+        scored = dt.datetime.fromisoformat(latest["scored_at"].removesuffix("Z"))
+        since = scored - TELEMETRY_WINDOW
+    else:
+        if "node_scores" in tables:
+            row = cur.execute(
+                "SELECT node, CASE WHEN isfinite(risk) THEN risk END, reasons, top_gpu_uuid, "
+                "ts, model_id FROM node_scores WHERE node = ? ORDER BY ts DESC LIMIT 1",
+                [node],
+            ).fetchone()
+            score = node_risk(row) if row else None
+        if "gpu_scores" in tables:
+            rows = cur.execute(
+                """SELECT gpu_uuid, gpu_index, model, risk, reasons, ts
+                FROM gpu_scores WHERE node = ?
+                QUALIFY row_number() OVER (PARTITION BY gpu_uuid ORDER BY ts DESC) = 1""",
+                [node],
+            ).fetchall()
+            for row in rows:
+                gpus[row[0]] = gpu_score(*row)
+    samples = _latest_samples(cur, tables, raw, since, node=node)
+    recent = {s["gpu_uuid"] for s in samples}
+    if since is not None and not set(gpus) <= recent:  # a scored GPU went quiet
+        samples = [s for s in _latest_samples(cur, tables, raw, node=node)
+                   if s["gpu_uuid"] in gpus or s["gpu_uuid"] in recent]
+    for sample in samples:
         gpu = gpus.setdefault(sample["gpu_uuid"], {
             "gpu_uuid": sample["gpu_uuid"], "gpu_index": sample["gpu_index"],
             "model": sample["model"], "risk": None, "reasons": [], "scored_at": None,
@@ -325,8 +393,9 @@ def node_detail(cur: Cursor, tables: set[str], node: str,
                  "scored_at": None, "model_id": None}
     ordered = sorted(gpus.values(), key=lambda g: (
         g["gpu_index"] is None, g["gpu_index"] or 0, g["gpu_uuid"]))
-    labels = node_labels(cur, tables, [node]).get(node, {})
-    return {**score, "labels": labels, "gpus": ordered}
+    if labels is None:
+        labels = node_labels(cur, tables, [node]).get(node, {})
+    return {**score, "labels": dict(labels), "gpus": ordered}
 
 
 def gpu_detail(cur: Cursor, tables: set[str], gpu_uuid: str,

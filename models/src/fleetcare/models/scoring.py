@@ -15,6 +15,11 @@ probability of a failure within the model's horizon; a node's risk is
 ``1 - prod(1 - p_gpu)`` and its reasons are its riskiest GPU's, prefixed ``"GPU <index>: "``.
 ``reasons`` is a JSON list of sentences.
 
+Readers that keep the latest scores in memory (the API's ``/v1/risk`` and node pages)
+read them with ``read_latest`` and learn of new rows two ways: ``on_written`` callbacks
+run after each ``score`` commits, and ``scores_version`` (rows of both tables, newest ts)
+changes with any other write but a rewrite of the same rows in place.
+
 This module owns both tables: their DDL, their one meaning of *latest* and their pruning.
 The latest score of a node (or GPU) is its newest row among the last ``LATEST_RUNS``
 scoring runs: a node that stopped reporting drops out of the API's ``/v1/risk``, the
@@ -32,8 +37,10 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
@@ -46,6 +53,8 @@ from fleetcare.models.model import FailureModel
 from fleetcare.models.reasons import explain, fleet_medians
 from fleetcare.models.training import ts_column
 from fleetcare.pipeline.store import Store
+
+log = logging.getLogger(__name__)
 
 LATEST_RUNS = 3
 """A node or GPU missing from this many newest scoring runs has no latest score."""
@@ -130,6 +139,27 @@ _cache_lock = threading.Lock()
 
 
 _ready: weakref.WeakSet[Store] = weakref.WeakSet()
+_listeners: weakref.WeakKeyDictionary[Store, list[Callable[[Store], None]]] = (
+    weakref.WeakKeyDictionary())
+_listeners_lock = threading.Lock()
+
+
+def on_written(store: Store, callback: Callable[[Store], None]) -> None:
+    """Call ``callback(store)`` after each scoring run written to ``store`` by this
+    process has committed (in the scorer's thread; an exception is logged, the run
+    stands)."""
+    with _listeners_lock:
+        _listeners.setdefault(store, []).append(callback)
+
+
+def _written(store: Store) -> None:
+    with _listeners_lock:
+        callbacks = list(_listeners.get(store, ()))
+    for callback in callbacks:
+        try:
+            callback(store)
+        except Exception:
+            log.exception("scoring.listener_failed callback=%r", callback)
 
 
 def ensure_schema(store: Store) -> None:
@@ -282,11 +312,16 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
         "top_gpu_uuid": uuid_col.take(pa.array(top_gpu)).take(node_order),
         "model_id": pa.repeat(pa.scalar(model, pa.string()), n_nodes),
     }, schema=NODE_SCHEMA)
-    _write(store, ts_naive, model, gpu, node)
+    write_run(store, ts_naive, model, gpu, node)
     return ScoreResult(ts_naive.replace(tzinfo=dt.UTC), model, gpu, node)
 
 
-def _write(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table, node: pa.Table) -> None:
+def write_run(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table,
+              node: pa.Table) -> None:
+    """Write one scoring run (``GPU_SCHEMA`` / ``NODE_SCHEMA`` rows at ``ts``, naive UTC)
+    in one transaction, replacing that ts and model's rows; then the ``on_written``
+    callbacks."""
+    ensure_schema(store)
     with store.transaction() as cur:
         for table, data in (("gpu_scores", gpu), ("node_scores", node)):
             cur.execute(f"DELETE FROM {table} WHERE ts = ? AND model_id = ?",
@@ -294,6 +329,7 @@ def _write(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table, node: pa
             cur.register("incoming_scores", data)
             cur.execute(f"INSERT INTO {table} SELECT * FROM incoming_scores").fetchall()
             cur.unregister("incoming_scores")
+    _written(store)
 
 
 def prune(store: Store, keep: ScoreRetention | None = None) -> int:
@@ -328,3 +364,37 @@ def latest_node_scores(store: Store, *, limit: int | None = None) -> pa.Table:
     ensure_schema(store)
     sql = "SELECT * FROM latest_node_scores" + (f" LIMIT {int(limit)}" if limit else "")
     return store.cursor().sql(sql).to_arrow_table()
+
+
+def scores_version(cur: duckdb.DuckDBPyConnection) -> tuple[int, int, dt.datetime | None]:
+    """(rows of ``node_scores``, rows of ``gpu_scores``, newest node score's ts): one
+    cheap query whose answer changes with every write to the two tables except a rewrite
+    of the same rows in place (``score`` announces its own runs through ``on_written``).
+    The newest ts is also the newest scoring run's."""
+    nodes, gpus, newest = cur.execute(
+        "SELECT (SELECT count(*) FROM node_scores), (SELECT count(*) FROM gpu_scores), "
+        "(SELECT max(ts) FROM node_scores)").fetchall()[0]
+    return int(nodes), int(gpus), newest
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    """``read_latest``: the latest scores at one moment."""
+
+    version: tuple[int, int, dt.datetime | None]  # scores_version
+    nodes: pa.Table          # latest_node_scores: NODE_SCHEMA, highest risk first
+    gpus: pa.Table           # latest_gpu_scores: GPU_SCHEMA, highest risk first
+
+
+def read_latest(cur: duckdb.DuckDBPyConnection) -> Latest:
+    """Each node's and each GPU's latest score (``LATEST_RUNS``) and the
+    ``scores_version`` they were read at, in one read transaction on ``cur`` (a cursor no
+    transaction is open on): a run committing meanwhile is in all of them or in none."""
+    cur.execute("BEGIN TRANSACTION")
+    try:
+        version = scores_version(cur)
+        nodes = cur.sql("SELECT * FROM latest_node_scores").to_arrow_table()
+        gpus = cur.sql("SELECT * FROM latest_gpu_scores").to_arrow_table()
+    finally:
+        cur.execute("COMMIT")
+    return Latest(version, nodes, gpus)

@@ -239,7 +239,9 @@ class LakeTelemetry:
         return sum(r[2] for r in rows if r[1] == "telemetry")
 
     def latest_samples(self, cur: Cursor, *, node: str | None = None,
-                       gpu_uuid: str | None = None) -> list[dict[str, Any]]:
+                       gpu_uuid: str | None = None,
+                       since: dt.datetime | None = None) -> list[dict[str, Any]]:
+        # one row per GPU already: ``since`` would save nothing, every GPU is returned
         where, params = gpu_filter(node, gpu_uuid)
         rows = cur.execute(f"SELECT {SAMPLE_COLS} FROM {LATEST} WHERE {where} "
                            "ORDER BY gpu_index, gpu_uuid", params).fetchall()

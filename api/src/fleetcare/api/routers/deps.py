@@ -1,6 +1,6 @@
 """What the routers share: the per-request cursor, the scope dependencies, the documented
-auth errors, the app's context (clock, SIMULATED flag, drain controller, ingest metrics)
-and the 422 helpers.
+auth errors, the app's context (clock, SIMULATED flag, drain controller, ingest metrics,
+the in-memory latest scores) and the 422 helpers.
 
 ``AppContext`` replaces the closure ``create_app`` used to be: ``create_app`` builds one
 and keeps it in ``app.state.ctx``; endpoints receive it through the ``Ctx`` dependency.
@@ -9,8 +9,8 @@ and keeps it in ``app.state.ctx``; endpoints receive it through the ``Ctx`` depe
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import duckdb
@@ -20,6 +20,7 @@ from pydantic import Field
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import queries
+from fleetcare.api.latest_scores import LatestScores
 from fleetcare.api.schemas import ErrorDetail
 from fleetcare.collectors.agent_metrics import Family
 from fleetcare.pipeline.store import Store
@@ -35,6 +36,7 @@ class AppContext:
     simulated: bool | None = None
     drains: Any = None
     ingest: Callable[[], Iterable[Family]] | None = None
+    latest: LatestScores = field(default_factory=LatestScores)
 
     def is_simulated(self, cur: duckdb.DuckDBPyConnection, tables: set[str]) -> bool:
         """The SIMULATED flag: forced by ``create_app(simulated=)``, else ``meta``'s."""
@@ -47,13 +49,16 @@ class AppContext:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC).replace(tzinfo=None)
 
 
-def _context(request: Request) -> AppContext:
+async def _context(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx
     return ctx
 
 
-def _cursor(request: Request) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A DuckDB cursor of its own for each request (requests run on worker threads)."""
+async def _cursor(request: Request) -> AsyncIterator[duckdb.DuckDBPyConnection]:
+    """A DuckDB cursor of its own for each request (requests run on worker threads).
+    Opened and closed on the event loop: both are quick calls, and a sync dependency
+    would cost two hand-offs to the thread pool per request (as ``_context`` and
+    ``app._known_query_parameters`` are async for the same reason)."""
     cur = request.app.state.store.cursor()
     try:
         yield cur

@@ -30,11 +30,12 @@ def risk(
                                  description="Nodes to skip (paging: follow `next`).")] = 0,
 ) -> Any:
     """The latest score of every node, highest risk first: the nodes to drain.
+    Served from memory, rebuilt after each scoring run.
 
     Filter by node labels (`label=KEY=VALUE`, `partition=`), GPU model and minimum
     risk; page with `limit` and `offset` (the response's `next` is the next page)."""
     tables = queries.existing_tables(cur)
-    nodes, total = queries.risk_page(
+    nodes, total, scored_at = ctx.latest.risk_page(
         cur, tables, limit=limit, offset=offset, min_risk=filters.min_risk,
         labels=filters.labels, gpu_model=filters.gpu_model)
     nxt = None
@@ -44,7 +45,7 @@ def risk(
     return {
         "nodes": nodes,
         "simulated": ctx.is_simulated(cur, tables),
-        "scored_at": queries.iso_z(queries.latest_score_ts(cur, tables)),
+        "scored_at": queries.iso_z(scored_at),
         "total": total,
         "next": nxt,
     }
@@ -81,8 +82,9 @@ def drain_candidates(
         raise invalid(["query", exc.name], str(exc), exc.value) from None
     tables = queries.existing_tables(cur)
     floor = max(cost.break_even_risk(), filters.min_risk or 0.0)
-    nodes, _ = queries.risk_page(cur, tables, min_risk=floor, labels=filters.labels,
-                                 gpu_model=filters.gpu_model)
+    nodes, _, scored_at = ctx.latest.risk_page(cur, tables, min_risk=floor,
+                                               labels=filters.labels,
+                                               gpu_model=filters.gpu_model)
     out = []
     for n in nodes:
         if n["risk"] is None or not cost.should_drain(n["risk"]):
@@ -101,7 +103,7 @@ def drain_candidates(
                        "crash_cost_gpu_h": cost.crash_cost_gpu_h(),
                        "break_even_risk": cost.break_even_risk()},
         "simulated": ctx.is_simulated(cur, tables),
-        "scored_at": queries.iso_z(queries.latest_score_ts(cur, tables)),
+        "scored_at": queries.iso_z(scored_at),
     }
 
 
