@@ -192,3 +192,54 @@ def test_lake_shape_reads_new_files_scores_and_compacts(tmp_path: Path) -> None:
     assert files == (5, 10)
     assert len(list((lake / "telemetry").rglob("*.parquet"))) == 5 + 1  # + _schema
     store.close()
+
+
+def test_an_urgent_batch_rescores_at_once_not_at_the_next_cycle(tmp_path: Path) -> None:
+    """Issue 16 §4: scoring hourly, a GSP warning (XID 119) lands and the node is rescored
+    within seconds; a job's own XID (application class) does not wake the scorer."""
+    import time
+
+    from fleetcare.collectors.contract import SCHEMA_VERSION, Batch
+    from fleetcare.collectors.transport.embedded import EmbeddedBus, EmbeddedConsumer
+
+    bus = EmbeddedBus(tmp_path / "bus")
+    recent = dt.datetime.now(dt.UTC) - dt.timedelta(hours=3)
+    seq = iter(range(1000))
+
+    def send(**kw) -> None:
+        bus.send(Batch(schema_version=SCHEMA_VERSION, node="node-00001", seq=next(seq),
+                       sent_at=recent, **kw))
+        bus.flush()
+
+    for i in range(6):
+        send(samples=[sample(ts=recent + dt.timedelta(minutes=10 * i), gpu_uuid="GPU-1")])
+    store = Store(tmp_path / "f.duckdb")
+    svc = Service(store, open_consumer=lambda: EmbeddedConsumer(tmp_path / "bus"),
+                  score_every_s=3600, keep_raw=None, ingest_poll_s=0.05, urgent_gap_s=0.5)
+
+    def wait_for(cond, what: str) -> None:
+        deadline = time.monotonic() + 30
+        while not cond():
+            assert time.monotonic() < deadline, what
+            time.sleep(0.05)
+
+    svc.start()
+    try:
+        wait_for(lambda: svc.scores >= 1, "the first cycle did not score")
+        wait_for(lambda: store.cursor().execute("SELECT count(*) FROM telemetry").fetchone()[0]
+                 == 6, "the samples were not landed")
+        send(events=[XidEvent(ts=recent + dt.timedelta(minutes=55), node="node-00001", xid=13,
+                              message="Graphics Engine Exception", source="kernel-log")])
+        wait_for(lambda: store.cursor().execute("SELECT count(*) FROM xid_events").fetchone()[0]
+                 == 1, "the application XID was not landed")
+        time.sleep(1.0)
+        assert svc.event_rescores == 0  # a job's fault: the hourly cycle is enough
+        scored = svc.scores
+        send(events=[XidEvent(ts=recent + dt.timedelta(minutes=56), node="node-00001", xid=119,
+                              message="Timeout waiting for RPC from GSP", source="kernel-log",
+                              gpu_uuid="GPU-1")])
+        wait_for(lambda: svc.scores > scored, "the GSP warning did not rescore the node")
+        assert svc.event_rescores == 1
+        assert "XID 119" in svc.urgent.why["node-00001"]
+    finally:
+        svc.stop()

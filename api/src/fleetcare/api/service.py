@@ -15,6 +15,11 @@ here and shares one ``Store``; other processes read through the API. Two shapes:
     ...
     svc.stop()
 
+A batch that lands something urgent — a warning or fatal XID, a new uncorrectable error, a
+link going down (``pipeline.urgent``) — wakes the scorer at once instead of at the next
+cycle, at most every ``urgent_gap_s``: a GSP or SRAM precursor 1–3 h before the failure is
+scored within seconds even when the fleet is rescored every few minutes.
+
 Both loops log exceptions and keep running (a daemon never dies of one bad poll). An
 ingest worker that stops on an error is replaced by a new one on a new consumer, which
 resumes from the last committed position: nothing it had read but not landed is lost.
@@ -30,11 +35,13 @@ from collections.abc import Callable
 
 from fleetcare.api.alerts import AlertEngine
 from fleetcare.api.drains import DrainController
+from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport import BusConsumer
 from fleetcare.models import prior, scoring
 from fleetcare.pipeline import features, incidents, retention
 from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.urgent import UrgentSignals
 from fleetcare.pipeline.validate import RecordValidator
 
 log = logging.getLogger(__name__)
@@ -52,7 +59,9 @@ class Service:
                  keep_scores: scoring.ScoreRetention | None = None,
                  alerts: AlertEngine | None = None,
                  drains: DrainController | None = None,
-                 wall: Callable[[], float] = time.time) -> None:
+                 wall: Callable[[], float] = time.time,
+                 urgent_gap_s: float = 5.0,
+                 urgent: UrgentSignals | None = None) -> None:
         self.store = store
         self.open_consumer = open_consumer
         self.score_every_s = score_every_s
@@ -75,6 +84,13 @@ class Service:
         self.worker: IngestWorker | None = None
         self.ingest_restarts = 0
         self.on_scored: Callable[[], None] | None = None
+        self.urgent = urgent if urgent is not None else UrgentSignals()
+        self.urgent_gap_s = urgent_gap_s
+        self._wake = threading.Event()
+        self._urgent_lock = threading.Lock()
+        self._urgent_nodes: set[str] = set()
+        self.event_rescores = 0
+        """Scoring cycles started early by an urgent batch (``pipeline.urgent``)."""
 
     @property
     def lake(self) -> bool:
@@ -129,13 +145,28 @@ class Service:
             self.alerts.config.threshold if self.alerts is not None else None,
             self.drains.cost.break_even_risk() if self.drains is not None else None)
 
+    def on_landed(self, batches: list[Batch]) -> None:
+        """The ingest worker's hook: wake the scorer for nodes with urgent news."""
+        nodes = self.urgent.observe(batches)
+        if nodes:
+            with self._urgent_lock:
+                self._urgent_nodes |= nodes
+            self._wake.set()
+
+    def _take_urgent(self) -> set[str]:
+        with self._urgent_lock:
+            nodes, self._urgent_nodes = self._urgent_nodes, set()
+        self._wake.clear()
+        return nodes
+
     def _ingest_loop(self) -> None:
         assert self.open_consumer is not None
         while not self._stop.is_set():
             try:
                 self.worker = IngestWorker(self.store, self.open_consumer(),
                                            poll_timeout_s=self.ingest_poll_s,
-                                           validator=self.validator, worker_id="serve")
+                                           validator=self.validator, worker_id="serve",
+                                           on_landed=self.on_landed)
                 if self._stop.is_set():  # stop() came while the consumer was opening
                     self.worker.stop()
                 summary = self.worker.run()
@@ -153,15 +184,31 @@ class Service:
 
     def _score_loop(self) -> None:
         next_at = self.clock()
+        started: float | None = None
         while not self._stop.is_set():
-            if self.clock() >= next_at:
+            now = self.clock()
+            early = (self._wake.is_set() and now < next_at
+                     and (started is None or now - started >= self.urgent_gap_s))
+            if now >= next_at or early:
+                nodes = self._take_urgent()
+                if early:
+                    self.event_rescores += 1
+                    log.info("service.rescore_on_event nodes=%s why=%s", ",".join(sorted(nodes)),
+                             "; ".join(self.urgent.why.get(n, "") for n in sorted(nodes)[:5]))
+                started = now
                 try:
                     self.rescore()
                 except Exception:
                     log.exception("service.score_failed")
-                # the next cycle a whole period after this one started, none in a burst
-                next_at = max(next_at + self.score_every_s, self.clock())
-            self._stop.wait(max(0.0, min(1.0, next_at - self.clock())))
+                if not early:
+                    # the next cycle a whole period after this one started, none in a burst
+                    next_at = max(next_at + self.score_every_s, self.clock())
+            wait = max(0.0, min(1.0, next_at - self.clock()))
+            if self._wake.is_set():  # woken within the gap: sleep out the rest of it
+                gap_left = (started or 0.0) + self.urgent_gap_s - self.clock()
+                self._stop.wait(max(0.0, min(wait, gap_left)))
+            else:
+                self._wake.wait(wait)
 
     def start(self) -> None:
         loops = [self._score_loop] + ([self._ingest_loop] if self.open_consumer else [])
@@ -172,6 +219,7 @@ class Service:
 
     def stop(self, timeout_s: float = 10.0) -> None:
         self._stop.set()
+        self._wake.set()
         if self.worker is not None:
             self.worker.stop()
         for t in self._threads:

@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import duckdb
 import pyarrow as pa
 
+from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport import BusConsumer, Record
 from fleetcare.pipeline.record_checks import clip
 from fleetcare.pipeline.store import Store
@@ -64,8 +65,12 @@ class Ingestor:
     ``quarantined_by_code``: quarantined records by reason code (for metrics)."""
 
     def __init__(self, store: Store, consumer: BusConsumer, *, max_records: int = 10_000,
-                 validator: RecordValidator | None = None) -> None:
+                 validator: RecordValidator | None = None,
+                 on_landed: Callable[[list[Batch]], None] | None = None) -> None:
         self.store = store
+        self.on_landed = on_landed
+        """Called with the batches just landed (before the offsets are committed); an
+        error in it is logged, never lost data (the rows are already in)."""
         self.consumer = consumer
         self.max_records = max_records
         self.validator = validator if validator is not None else Validator()
@@ -80,6 +85,12 @@ class Ingestor:
         nics_before = getattr(self.store, "nic_rows_added", 0)
         samples, events, incidents = self._land(checked)
         nics = getattr(self.store, "nic_rows_added", 0) - nics_before
+        if self.on_landed is not None and checked.kept:
+            try:
+                self.on_landed(checked.batches)
+            except Exception:
+                log.exception("ingest.on_landed_failed: the rows are landed; only the "
+                              "hook's reaction to them is lost")
         self._quarantine(checked.rejections)
         self.consumer.commit()
         bad = len(checked.rejections)

@@ -36,6 +36,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from fleetcare.collectors.agent_metrics import Family, exposition
+from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport import BusConsumer, Record, TransportError
 from fleetcare.collectors.transport.factory import bus_scheme
 from fleetcare.collectors.transport.kafka import KafkaConsumerSource, parse_url
@@ -146,6 +147,7 @@ class IngestWorker:
         worker_id: str = "",
         validator: RecordValidator | None = None,
         clock: Callable[[], float] = time.monotonic,
+        on_landed: Callable[[list[Batch]], None] | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch {max_batch} must be at least 1")
@@ -155,7 +157,7 @@ class IngestWorker:
         self.buffered = hasattr(sink, "pending_rows") and hasattr(sink, "flush")
         self.gate = _CommitGate(consumer, deferred=self.buffered)
         self.ingestor = Ingestor(sink, self.gate, max_records=max_batch,  # type: ignore[arg-type]
-                                 validator=validator)
+                                 validator=validator, on_landed=on_landed)
         self.max_batch = max_batch
         self.poll_timeout_s = poll_timeout_s
         self.idle_exit_s = idle_exit_s
