@@ -31,6 +31,12 @@ _UE_FIELDS = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate",
 URGENT_SEVERITIES = ("warning", "fatal")
 
 
+def urgent_xid(catalog: XidCatalog, xid: int) -> bool:
+    """Whether an XID rescores its node at once (module doc)."""
+    info = catalog.lookup(xid)
+    return info.severity in URGENT_SEVERITIES and info.xid_class != "application"
+
+
 class UrgentSignals:
     """Remembers each GPU's uncorrectable counts and link states between batches."""
 
@@ -53,8 +59,8 @@ class UrgentSignals:
 
         for b in batches:
             for e in b.events:
-                info = self.catalog.lookup(e.xid)
-                if info.severity in URGENT_SEVERITIES and info.xid_class != "application":
+                if urgent_xid(self.catalog, e.xid):
+                    info = self.catalog.lookup(e.xid)
                     name(e.node, f"XID {e.xid} ({info.name}, {info.severity})")
             for s in sorted(b.samples, key=lambda s: s.ts):
                 why = self._sample(s)
