@@ -2,6 +2,7 @@
 
     fleetcare simulate --nodes 64 --days 30 --seed 1 --db var/fleet.duckdb
     fleetcare simulate --nodes 2048 --days 54 --incidents-only --json
+    fleetcare simulate --nodes 400 --days 348 --incidents-only --incidents-csv inc.csv
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def add_parser(subparsers: Any) -> None:
     s.add_argument("--incidents-only", action="store_true",
                    help="only simulate incidents, write nothing (fast: 2,048 nodes x 54 days "
                         "< 1 s)")
+    s.add_argument("--incidents-csv", metavar="FILE",
+                   help="also write every simulated incident (failures and repairs) as CSV "
+                        "that `fleetcare incident import --csv` reads; notes say 'simulated'")
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
 
@@ -45,6 +49,9 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
                      model=args.model, failure_scale=args.failure_scale)
     plan = simulate_incidents(spec, args.days)
     summary = summarize(plan)
+    if args.incidents_csv:
+        summary["incidents_csv"] = {"path": args.incidents_csv,
+                                    "rows": _write_csv(plan, Path(args.incidents_csv))}
     if args.incidents_only:
         if args.json:
             print_json(summary)
@@ -53,6 +60,9 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
             print(f"simulated {summary['nodes']} nodes / {summary['gpus']} GPUs for "
                   f"{summary['days']} days: {inc['total']} failures, {inc['gpu_caused']} "
                   "GPU-caused")
+            if args.incidents_csv:
+                print(f"wrote {summary['incidents_csv']['rows']:,} incidents (failures and "
+                      f"repairs, simulated) to {args.incidents_csv}")
             for cause, n in sorted(inc["by_cause"].items(), key=lambda kv: -kv[1]):
                 print(f"  {cause:30s} {n:5d}")
         return 0
@@ -79,3 +89,14 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         print(f"wrote {result.samples:,} samples, {result.events:,} XID events and "
               f"{result.incidents:,} incidents (simulated) to {db}")
     return 0
+
+
+def _write_csv(plan: Any, path: Path) -> int:
+    """Every incident of ``plan`` (repairs that end within the run too) as import CSV."""
+    from fleetcare.collectors.sim import plan_incidents
+    from fleetcare.pipeline.incident_import import write_csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as out:
+        return write_csv(plan_incidents(plan), out,
+                         note_prefix=f"simulated seed={plan.spec.seed}")
