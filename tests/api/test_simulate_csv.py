@@ -77,3 +77,17 @@ def test_write_csv_round_trips_awkward_notes() -> None:
     assert [(b.ts, b.node, b.kind, b.cause, b.gpu_uuid, b.mode, b.note) for b in back] == [
         (inc[0].ts, "n,1", "rma", "other", None, None, 'said "a, b"\nthen left'),
         (inc[1].ts, "n2", "failure", "faulty_gpu", "GPU-2", "pcie", "xid 79")]
+
+
+def test_trace_repeats_flag_draws_the_opt_in_process(tmp_path: Path) -> None:
+    from fleetcare.collectors.sim.incidents import TRACE_REPEATS
+
+    a, b = tmp_path / "a.csv", tmp_path / "b.csv"
+    base = ["simulate", "--nodes", "50", "--days", "90", "--seed", "2", "--incidents-only"]
+    assert run(*base, "--incidents-csv", str(a)).returncode == 0
+    out = run(*base, "--trace-repeats", "--incidents-csv", str(b))
+    assert out.returncode == 0, out.stderr
+    want = plan_incidents(simulate_incidents(FleetSpec(nodes=50, seed=2, **TRACE_REPEATS), 90))
+    got = parse_csv(b.read_text())
+    assert [(g.ts, g.node, g.kind) for g in got] == [(w.ts, w.node, w.kind) for w in want]
+    assert a.read_text() != b.read_text()

@@ -32,6 +32,9 @@ def add_parser(subparsers: Any) -> None:
                    help="GPU model or mix: H100, A100, H200, 'H100:3,A100:1'")
     s.add_argument("--failure-scale", type=float, default=1.0,
                    help="multiply every failure rate (1 = Llama 3's rates)")
+    s.add_argument("--trace-repeats", action="store_true",
+                   help="make failures repeat on the same node as in the real InfiniteHBD "
+                        "trace (opt-in repeat knobs fit on it; totals stay Table 5's)")
     s.add_argument("--incidents-only", action="store_true",
                    help="only simulate incidents, write nothing (fast: 2,048 nodes x 54 days "
                         "< 1 s)")
@@ -44,9 +47,15 @@ def add_parser(subparsers: Any) -> None:
 def run(args: argparse.Namespace, cfg: Settings) -> int:
     from fleetcare.api.progress import progress_bar
     from fleetcare.collectors.sim import FleetSpec, simulate_incidents, summarize
+    from fleetcare.collectors.sim.incidents import TRACE_REPEATS
 
+    rep = TRACE_REPEATS if args.trace_repeats else {    # FleetSpec's defaults: off
+        "repeat_branching": FleetSpec.repeat_branching,
+        "repeat_decay_days": FleetSpec.repeat_decay_days}
     spec = FleetSpec(nodes=args.nodes, seed=args.seed if args.seed is not None else cfg.seed,
-                     model=args.model, failure_scale=args.failure_scale)
+                     model=args.model, failure_scale=args.failure_scale,
+                     repeat_branching=rep["repeat_branching"],
+                     repeat_decay_days=rep["repeat_decay_days"])
     plan = simulate_incidents(spec, args.days)
     summary = summarize(plan)
     if args.incidents_csv:
@@ -79,7 +88,9 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
                           interval_s=args.interval, progress=progress)
     progress.close()
     mark_simulated(store, f"nodes={spec.nodes} days={args.days} seed={spec.seed} "
-                          f"model={spec.model} failure_scale={spec.failure_scale}")
+                          f"model={spec.model} failure_scale={spec.failure_scale}"
+                          + (f" repeat_branching={spec.repeat_branching} repeat_decay_days="
+                             f"{spec.repeat_decay_days}" if args.trace_repeats else ""))
     store.close()
     out = {**summary, "db": db, "rows": {"telemetry": result.samples, "xid_events": result.events,
                                           "incidents": result.incidents}, "simulated": True}
