@@ -113,3 +113,50 @@ def test_simulation_is_fast():
     t = time.perf_counter()
     simulate_incidents(FleetSpec(nodes=2048, seed=0), 54)
     assert time.perf_counter() - t < 0.5
+
+
+@pytest.fixture(scope="module", params=[0, 1, 2])
+def repeats_run(request):
+    from fleetcare.collectors.sim.incidents import TRACE_REPEATS
+
+    return simulate_incidents(FleetSpec(nodes=2048, seed=request.param, **TRACE_REPEATS),
+                              days=54)
+
+
+def test_repeats_keep_table5_totals(repeats_run):
+    s = summarize(repeats_run)
+    total = s["incidents"]["total"]
+    assert 419 * 0.85 <= total <= 419 * 1.15
+    assert abs(s["incidents"]["gpu_caused"] / total - 268 / 419) <= 0.05
+    for cause in ("gpu_hbm3_memory", "faulty_gpu", "network_switch_cable"):
+        expected = CAUSES[cause][0]
+        assert abs(s["incidents"]["by_cause"][cause] - expected) <= 4 * math.sqrt(expected) + 2
+
+
+def _repeat_7d(plan) -> float:
+    """Share of failures followed by another of the same node within 7 days."""
+    nxt = {}
+    hits = 0
+    for i in range(len(plan) - 1, -1, -1):
+        n, t = int(plan.node[i]), float(plan.time_h[i])
+        hits += n in nxt and nxt[n] - t <= 7 * 24
+        nxt[n] = t
+    return hits / len(plan)
+
+
+def test_repeats_make_failures_repeat(repeats_run):
+    default = simulate_incidents(FleetSpec(nodes=2048, seed=repeats_run.spec.seed), days=54)
+    assert _repeat_7d(repeats_run) > 3 * _repeat_7d(default)
+    down = repeats_run.time_h + repeats_run.repair_h   # still never fails while down
+    for node in np.unique(repeats_run.node):
+        idx = np.flatnonzero(repeats_run.node == node)
+        assert (repeats_run.time_h[idx][1:] >= down[idx][:-1]).all()
+
+
+def test_repeats_are_opt_in_and_checked():
+    assert FleetSpec(nodes=4).repeat_branching == 0.0
+    a = simulate_incidents(FleetSpec(nodes=64, seed=3, repeat_branching=0.3), 30)
+    b = simulate_incidents(FleetSpec(nodes=64, seed=3, repeat_branching=0.3), 30)
+    assert np.array_equal(a.time_h, b.time_h) and np.array_equal(a.cause, b.cause)
+    with pytest.raises(ValueError, match="repeat_branching must be in"):
+        FleetSpec(nodes=4, repeat_branching=1.0)

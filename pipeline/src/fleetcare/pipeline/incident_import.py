@@ -21,6 +21,8 @@ Llama 3's "host maintenance" row counts.
 CSV. Header ``ts,node,gpu_uuid,kind,cause,mode,note`` (``ts``, ``node``, ``kind``,
 ``cause`` required). Every row is checked first; any bad row fails the whole import
 with every problem listed by line number, so a file is imported entirely or not at all.
+``write_csv`` writes incidents in that format (``fleetcare simulate --incidents-csv``);
+an incident's XID, which has no column, goes into the note.
 
 Exceptions::
 
@@ -34,6 +36,7 @@ import datetime as dt
 import io
 import re
 from collections.abc import Iterable
+from typing import TextIO
 
 from fleetcare.collectors.contract import Incident
 from fleetcare.pipeline.incidents import IncidentError, parse_time, validate
@@ -228,3 +231,19 @@ def parse_csv(text: str | Iterable[str], *, source_name: str = "CSV") -> list[In
     if problems:
         raise ImportProblem(source_name, problems)
     return out
+
+
+def write_csv(incidents: Iterable[Incident], out: TextIO, *, note_prefix: str = "") -> int:
+    """Write ``incidents`` as CSV that ``parse_csv`` reads back (header ``CSV_COLUMNS``,
+    ISO-8601 UTC times with ``Z``); an XID goes into the note as ``xid N``, after
+    ``note_prefix``. Returns the rows written."""
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(CSV_COLUMNS)
+    n = 0
+    for inc in incidents:
+        note = "; ".join(p for p in (note_prefix, f"xid {inc.xid}" if inc.xid is not None
+                                     else "", inc.note or "") if p)
+        w.writerow([inc.ts.astimezone(dt.UTC).isoformat().replace("+00:00", "Z"), inc.node,
+                    inc.gpu_uuid or "", inc.kind, inc.cause, inc.mode or "", note])
+        n += 1
+    return n

@@ -2,6 +2,7 @@
 
     fleetcare simulate --nodes 64 --days 30 --seed 1 --db var/fleet.duckdb
     fleetcare simulate --nodes 2048 --days 54 --incidents-only --json
+    fleetcare simulate --nodes 400 --days 348 --incidents-only --incidents-csv inc.csv
 """
 
 from __future__ import annotations
@@ -31,20 +32,35 @@ def add_parser(subparsers: Any) -> None:
                    help="GPU model or mix: H100, A100, H200, 'H100:3,A100:1'")
     s.add_argument("--failure-scale", type=float, default=1.0,
                    help="multiply every failure rate (1 = Llama 3's rates)")
+    s.add_argument("--trace-repeats", action="store_true",
+                   help="make failures repeat on the same node as in the real InfiniteHBD "
+                        "trace (opt-in repeat knobs fit on it; totals stay Table 5's)")
     s.add_argument("--incidents-only", action="store_true",
                    help="only simulate incidents, write nothing (fast: 2,048 nodes x 54 days "
                         "< 1 s)")
+    s.add_argument("--incidents-csv", metavar="FILE",
+                   help="also write every simulated incident (failures and repairs) as CSV "
+                        "that `fleetcare incident import --csv` reads; notes say 'simulated'")
     s.add_argument("--json", action="store_true", help="machine-readable output")
 
 
 def run(args: argparse.Namespace, cfg: Settings) -> int:
     from fleetcare.api.progress import progress_bar
     from fleetcare.collectors.sim import FleetSpec, simulate_incidents, summarize
+    from fleetcare.collectors.sim.incidents import TRACE_REPEATS
 
+    rep = TRACE_REPEATS if args.trace_repeats else {    # FleetSpec's defaults: off
+        "repeat_branching": FleetSpec.repeat_branching,
+        "repeat_decay_days": FleetSpec.repeat_decay_days}
     spec = FleetSpec(nodes=args.nodes, seed=args.seed if args.seed is not None else cfg.seed,
-                     model=args.model, failure_scale=args.failure_scale)
+                     model=args.model, failure_scale=args.failure_scale,
+                     repeat_branching=rep["repeat_branching"],
+                     repeat_decay_days=rep["repeat_decay_days"])
     plan = simulate_incidents(spec, args.days)
     summary = summarize(plan)
+    if args.incidents_csv:
+        summary["incidents_csv"] = {"path": args.incidents_csv,
+                                    "rows": _write_csv(plan, Path(args.incidents_csv))}
     if args.incidents_only:
         if args.json:
             print_json(summary)
@@ -53,6 +69,9 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
             print(f"simulated {summary['nodes']} nodes / {summary['gpus']} GPUs for "
                   f"{summary['days']} days: {inc['total']} failures, {inc['gpu_caused']} "
                   "GPU-caused")
+            if args.incidents_csv:
+                print(f"wrote {summary['incidents_csv']['rows']:,} incidents (failures and "
+                      f"repairs, simulated) to {args.incidents_csv}")
             for cause, n in sorted(inc["by_cause"].items(), key=lambda kv: -kv[1]):
                 print(f"  {cause:30s} {n:5d}")
         return 0
@@ -69,7 +88,9 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
                           interval_s=args.interval, progress=progress)
     progress.close()
     mark_simulated(store, f"nodes={spec.nodes} days={args.days} seed={spec.seed} "
-                          f"model={spec.model} failure_scale={spec.failure_scale}")
+                          f"model={spec.model} failure_scale={spec.failure_scale}"
+                          + (f" repeat_branching={spec.repeat_branching} repeat_decay_days="
+                             f"{spec.repeat_decay_days}" if args.trace_repeats else ""))
     store.close()
     out = {**summary, "db": db, "rows": {"telemetry": result.samples, "xid_events": result.events,
                                           "incidents": result.incidents}, "simulated": True}
@@ -79,3 +100,14 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         print(f"wrote {result.samples:,} samples, {result.events:,} XID events and "
               f"{result.incidents:,} incidents (simulated) to {db}")
     return 0
+
+
+def _write_csv(plan: Any, path: Path) -> int:
+    """Every incident of ``plan`` (repairs that end within the run too) as import CSV."""
+    from fleetcare.collectors.sim import plan_incidents
+    from fleetcare.pipeline.incident_import import write_csv
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as out:
+        return write_csv(plan_incidents(plan), out,
+                         note_prefix=f"simulated seed={plan.spec.seed}")

@@ -21,7 +21,13 @@ PCI_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")  # DGX H100 GPU bus
 
 @dataclass(frozen=True)
 class FleetSpec:
-    """What fleet to simulate. ``failure_scale`` multiplies every failure rate."""
+    """What fleet to simulate. ``failure_scale`` multiplies every failure rate.
+
+    ``repeat_branching`` / ``repeat_decay_days`` (opt-in, off by default): each failure
+    brings on average ``repeat_branching`` follow-on failures of the same node, at an
+    exponential time (mean ``repeat_decay_days``) of uptime after its repair: the fleet
+    fails again where it failed before, as the real trace does (``incidents.py``).
+    """
 
     nodes: int
     gpus_per_node: int = 8
@@ -30,6 +36,8 @@ class FleetSpec:
     start: dt.datetime = DEFAULT_START
     failure_scale: float = 1.0
     lemon_fraction: float = 0.012
+    repeat_branching: float = 0.0
+    repeat_decay_days: float = 7.0
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -44,6 +52,10 @@ class FleetSpec:
         if self.failure_scale < 0 or not 0 <= self.lemon_fraction < 1:
             raise ValueError("FleetSpec.failure_scale must be >= 0 and lemon_fraction "
                              f"in [0, 1), got {self.failure_scale}, {self.lemon_fraction}")
+        if not 0 <= self.repeat_branching < 1 or self.repeat_decay_days <= 0:
+            raise ValueError("FleetSpec.repeat_branching must be in [0, 1) and "
+                             "repeat_decay_days > 0, got "
+                             f"{self.repeat_branching}, {self.repeat_decay_days}")
         parse_model_mix(self.model)  # validate early
 
     @property

@@ -7,6 +7,14 @@ down so the fleet total stays calibrated; on a lemon most GPU failures hit the s
 so it fails again after repair. Failures arrive as a Poisson process in *uptime*: while
 a node is down for repair (lognormal hours per cause) it cannot fail again.
 
+Opt-in repeats (``FleetSpec.repeat_branching`` b > 0, a Hawkes cluster process): every
+failure begets Poisson(b) follow-on failures of its node, each an exponential
+``repeat_decay_days`` of uptime after it (so after its repair), and these beget their
+own. The base rate is scaled by (1 - b), so the fleet total stays calibrated to Table 5;
+a burn-in of ``REPEAT_BURN_IN`` decay times before day 0 keeps the rate flat from the
+start; a follow-on's cause is drawn from Table 5's mix like any failure's. Off (b = 0),
+the draws are exactly those of earlier versions.
+
 Each GPU failure has a mode (the mechanism with GPU-visible precursors, see ``MODES``),
 a precursor lead time (lognormal hours) and a terminal XID. A few healthy GPUs get
 "decoys" (precursor-like signals that never end in a failure).
@@ -28,6 +36,11 @@ MODES: tuple[str, ...] = ("none", "hbm", "sram", "gsp", "thermal", "nvlink", "pc
 DECOY_KINDS: tuple[str, ...] = ("ecc_plateau", "pcie_burst", "hot_gpu")
 LEMON_HAZARD = 12.0
 LEMON_SAME_GPU = 0.7
+REPEAT_BURN_IN = 10.0  # decay times simulated before day 0 when repeats are on
+TRACE_REPEATS = {"repeat_branching": 0.3, "repeat_decay_days": 4.0}
+"""FleetSpec knobs fit on the real InfiniteHBD trace's first 60 % (``bench/bench_repeats.py
+--fit``; its README paragraph has the numbers matched and missed): opt in with
+``FleetSpec(..., **TRACE_REPEATS)``."""
 DECOYS_PER_GPU_DAY = 150 / (16384 * 54)  # about 0.6 decoys per GPU failure with precursors
 
 # cause -> (median repair hours, GPU replaced)
@@ -132,10 +145,14 @@ def simulate_incidents(spec: FleetSpec, days: float) -> IncidentPlan:
     mult = np.where(lemon, LEMON_HAZARD, 1.0)
     norm = (1 - spec.lemon_fraction) + spec.lemon_fraction * LEMON_HAZARD
     total_rate = counts.sum() / REFERENCE_NODE_DAYS * spec.failure_scale / norm  # per node-day
-    k = rng.poisson(total_rate * mult * days)
+    b = spec.repeat_branching
+    k = rng.poisson(total_rate * (1 - b) * mult * days)
     node = np.repeat(np.arange(n, dtype=np.int32), k)
+    uptime_h = rng.random(len(node)) * days * 24.0
+    if b > 0:
+        node, uptime_h = _with_repeats(spec, total_rate * (1 - b) * mult, node, uptime_h,
+                                       days)
     m = len(node)
-    uptime_h = rng.random(m) * days * 24.0
     cause = rng.choice(len(CAUSE_NAMES), size=m, p=counts / counts.sum()).astype(np.int16)
     cause_names = [CAUSE_NAMES[c] for c in cause]
     med = np.array([REPAIR[c][0] for c in cause_names])
@@ -203,6 +220,32 @@ def simulate_incidents(spec: FleetSpec, days: float) -> IncidentPlan:
         decoy_gpu=d_gpu[ok][d_order], decoy_kind=d_kind[ok][d_order],
         decoy_dur_h=d_dur[ok][d_order],
     )
+
+
+def _with_repeats(spec: FleetSpec, base_per_day: np.ndarray, node: np.ndarray,
+                  uptime_h: np.ndarray, days: float) -> tuple[np.ndarray, np.ndarray]:
+    """The base failures plus their follow-ons (module docstring), in uptime hours
+    within ``[0, days)``; its own random stream, so the other draws keep theirs."""
+    rng = np.random.default_rng([spec.seed, 3])
+    tau_h = spec.repeat_decay_days * 24.0
+    burn_h = REPEAT_BURN_IN * tau_h
+    kb = rng.poisson(base_per_day * burn_h / 24.0)
+    pre_node = np.repeat(np.arange(spec.nodes, dtype=np.int32), kb)
+    pre_t = -rng.random(len(pre_node)) * burn_h
+    gen_node = np.r_[node, pre_node].astype(np.int32)
+    gen_t = np.r_[uptime_h, pre_t]
+    all_node, all_t = [gen_node], [gen_t]
+    while len(gen_node):
+        kids = rng.poisson(spec.repeat_branching, size=len(gen_node))
+        gen_node = np.repeat(gen_node, kids)
+        gen_t = np.repeat(gen_t, kids) + rng.exponential(tau_h, size=len(gen_node))
+        inside = gen_t < days * 24.0
+        gen_node, gen_t = gen_node[inside], gen_t[inside]
+        all_node.append(gen_node)
+        all_t.append(gen_t)
+    t = np.concatenate(all_t)
+    keep = t >= 0.0
+    return np.concatenate(all_node)[keep], t[keep]
 
 
 def failure_incidents(plan: IncidentPlan, idx: np.ndarray) -> list[Incident]:
