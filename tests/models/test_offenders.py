@@ -94,3 +94,11 @@ def test_post_repair_risk_scales_at_constant_hazard():
     assert O.post_repair_risk(0.0, 24.0) == 0.0
     with pytest.raises(ValueError):
         O.post_repair_risk(1.5, 24.0)
+
+
+def test_post_repair_risks_only_for_offenders_back_from_repair_lately(fleet):
+    found = O.repeat_offenders(fleet, AT)
+    twice = next(o for o in found if o.node == "twice")
+    assert O.post_repair_risks(found, AT) == {
+        "twice": pytest.approx(O.post_repair_risk(twice.risk_7d, 24.0))}  # others: in repair
+    assert O.post_repair_risks(found, AT, within_days=3) == {}  # repaired 4 days before AT

@@ -28,6 +28,11 @@ BURN_IN = "burn-in before large jobs"
 RMA_GPU = "RMA / replace the GPU"
 RMA_AFTER = 3
 """Failures in the window at which a node is sent for RMA whatever GPU they blamed."""
+POST_REPAIR_DAYS = 14.0
+"""A repeat offender repaired this recently is decided on its post-repair risk."""
+DECISION_HORIZON_H = 24.0
+"""The main model's horizon (``dataset``'s default ``horizon_h``): the post-repair risk
+is scaled to it."""
 
 
 @dataclass(frozen=True)
@@ -90,12 +95,15 @@ def repeat_offenders(store: Any, at: dt.datetime, *, failures: int = 2, days: in
     at = _utc(at)
     naive = at.replace(tzinfo=None)
     cur = store.cursor()
-    if not cur.execute("SELECT count(*) FROM information_schema.tables "
-                       "WHERE table_name = 'incidents'").fetchone()[0]:
-        return []
-    rows = cur.execute(
-        "SELECT ts, node, kind, cause, gpu_uuid FROM incidents WHERE ts <= ? "
-        "ORDER BY ts, node", [naive]).fetchall()
+    try:
+        if not cur.execute("SELECT count(*) FROM information_schema.tables "
+                           "WHERE table_name = 'incidents'").fetchone()[0]:
+            return []
+        rows = cur.execute(
+            "SELECT ts, node, kind, cause, gpu_uuid FROM incidents WHERE ts <= ? "
+            "ORDER BY ts, node", [naive]).fetchall()
+    finally:
+        cur.close()
     if not rows:
         return []
     since = at - dt.timedelta(days=days)
@@ -130,6 +138,17 @@ def repeat_offenders(store: Any, at: dt.datetime, *, failures: int = 2, days: in
                             tuple(s["reasons"]) if s else (), suggestion, why))
     out.sort(key=lambda o: (-o.failures, -(o.risk_7d or 0.0), o.node))
     return out
+
+
+def post_repair_risks(found: list[Offender], now: dt.datetime, *,
+                      horizon_h: float = DECISION_HORIZON_H,
+                      within_days: float = POST_REPAIR_DAYS) -> dict[str, float]:
+    """Per repeat offender repaired in the last ``within_days`` days (and not failed since):
+    its recurrence risk over ``horizon_h`` hours, for ``CostModel.should_drain``."""
+    now = _utc(now)
+    return {o.node: post_repair_risk(o.risk_7d, horizon_h) for o in found
+            if o.risk_7d is not None and o.repaired_at is not None
+            and now - o.repaired_at <= dt.timedelta(days=within_days)}
 
 
 def post_repair_risk(risk_7d: float, horizon_h: float) -> float:
