@@ -280,3 +280,10 @@ def test_a_repeat_offender_back_from_repair_is_decided_on_its_post_repair_risk(
     dc_old = DrainController(store, FakeDrainer(NODES), cost, dry_run=True,  # type: ignore[arg-type]
                              policy=DrainPolicy(risk_horizon_h=168.0, post_repair_days=1.0))
     assert dc_old.run_once(T).by_action("drain") == []
+
+
+def test_post_repair_policy_is_checked() -> None:
+    with pytest.raises(ValueError, match="post_repair_days=-1 is invalid"):
+        DrainPolicy(post_repair_days=-1)
+    with pytest.raises(ValueError, match="risk_horizon_h=0 is invalid"):
+        DrainPolicy(risk_horizon_h=0)

@@ -90,6 +90,12 @@ class DrainPolicy:
                              "probability in [0, 1].")
         if self.review_after <= dt.timedelta(0):
             raise ValueError(f"review_after={self.review_after} is invalid: expected > 0.")
+        if not self.post_repair_days >= 0:
+            raise ValueError(f"post_repair_days={self.post_repair_days!r} is invalid: "
+                             "expected days >= 0.")
+        if not self.risk_horizon_h > 0:
+            raise ValueError(f"risk_horizon_h={self.risk_horizon_h!r} is invalid: expected "
+                             "hours > 0 (the scoring model's horizon).")
 
 
 @dataclass(frozen=True, slots=True)
