@@ -148,7 +148,7 @@ def test_sign_in_overview_node_page_and_charts(served: dict[str, str], browser: 
     page = browser.page_source
     assert "SIMULATED DATA" in page
     for text in ("alerts firing", "drains held", "Data freshness", "Nodes by risk",
-                 "Scoring with"):
+                 "Scoring with", ">Repeat offenders<"):
         assert text in page, text
     assert console_errors(browser) == []
     full_page_screenshot(browser, artifacts / "dashboard-overview.png")
@@ -167,7 +167,7 @@ def test_sign_in_overview_node_page_and_charts(served: dict[str, str], browser: 
         assert d and d.startswith("M") and len(d.split()) >= 2, d
     assert "SIMULATED DATA" in browser.page_source
     for heading in ("Reasons", "Signal history against the fleet", "Recent XIDs",
-                    "Incidents", "Drain", "Audit trail"):
+                    "Repeat failures", "Incidents", "Drain", "Audit trail"):
         assert f">{heading}<" in browser.page_source, heading
     assert console_errors(browser) == []
     full_page_screenshot(browser, artifacts / "dashboard-node.png")

@@ -312,3 +312,34 @@ def test_overview_links_each_node_to_its_page(fleet, client):
     node = client.get("/nodes/node-%3Cb%3E")
     assert node.status_code == 200 and "fleetcare: node node-&lt;b&gt;" in node.text
     assert "HBM errors &amp; &lt;rising&gt;" in node.text
+
+
+def test_repeat_offenders_on_the_overview_and_the_node_page(fleet, client, store):
+    from fleetcare.collectors.contract import Incident
+
+    t0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)  # the client's clock: 12:01:30
+    fleet.node_score("n1", 0.2)
+    fleet.node_score("n2", 0.1)
+    store.insert_incidents([
+        Incident(ts=t0 - dt.timedelta(days=d), node="n1", kind=k, source="test",
+                 cause="gpu_hbm3_memory" if k == "failure" else "repair", gpu_uuid=g)
+        for d, k, g in ((20, "failure", "GPU-7"), (19, "repair", None),
+                        (2, "failure", "GPU-7"), (1, "repair", None))])
+    page = client.get("/").text
+    panel = page[page.index("<h2>Repeat offenders</h2>"):page.index("<h2>Nodes by risk")]
+    assert '<a href="/nodes/n1">n1</a></td><td class="num">2</td>' in panel
+    assert "2026-02-27 12:00 UTC (gpu_hbm3_memory)" in panel
+    assert "repaired 2026-02-28 12:00 UTC" in panel
+    assert "<b>RMA / replace the GPU</b> (2 failures blamed GPU GPU-7)" in panel
+    assert "failed 2 times in the last 30 days" in panel and "n2" not in panel
+    node = client.get("/nodes/n1").text
+    assert ("<b>Repeat offender</b>: 2 failures in 30 days, the last 2026-02-27 12:00 UTC "
+            "(gpu_hbm3_memory), repaired 2026-02-28 12:00 UTC; recurrence risk ") in node
+    assert "Suggested: <b>RMA / replace the GPU</b> (2 failures blamed GPU GPU-7)." in node
+    assert "Not a repeat offender: fewer than 2 failures in the last 30 days." in client.get(
+        "/nodes/n2").text
+
+
+def test_no_repeat_offender_says_so(fleet, client):
+    fleet.node_score("n1", 0.2)
+    assert "No node failed twice in the last 30 days." in client.get("/").text

@@ -226,3 +226,64 @@ def test_dry_run_changes_nothing_but_audits(store: Store) -> None:
     assert AuditLog(store).rows()[0].dry_run is True
     # dry-run drains do not use the breaker's budget
     assert controller(store, d).run_once(T).by_action("drain") == ["n01"]
+
+
+def put_incidents(store: Store, rows: list[tuple[float, str, str, str | None]]) -> None:
+    from fleetcare.collectors.contract import Incident
+
+    store.insert_incidents([
+        Incident(ts=(T + dt.timedelta(days=d)).replace(tzinfo=dt.UTC), node=n, kind=k,
+                 cause="faulty_gpu" if k == "failure" else "repair", source="test",
+                 gpu_uuid=g) for d, n, k, g in rows])
+
+
+def test_a_repeat_offender_is_drained_with_the_suggestion_in_its_reason(store: Store) -> None:
+    put_scores(store, T, {n: 0.001 for n in NODES} | {"n03": 0.5, "n04": 0.5})
+    put_incidents(store, [(-20, "n03", "failure", "GPU-a"), (-19, "n03", "repair", None),
+                          (-5, "n03", "failure", "GPU-b"), (-60, "n04", "failure", None),
+                          (-5, "n04", "failure", None)])
+    report = controller(store, FakeDrainer(NODES)).run_once(T)
+    assert report.by_action("drain") == ["n03"]
+    assert report.by_action("refuse") == ["n04"]  # the breaker: one drain an hour
+    d03, d04 = report.decisions
+    assert d03.repeat_offender is not None and d04.repeat_offender is None
+    assert d03.reason == ("fleetcare: risk 0.50, repeat offender (2 failures in 30 d): "
+                          "burn-in before large jobs; GPU 3: HBM errors 40x the fleet")
+    j = d03.to_json()
+    assert j["repeat_offender"]["suggestion"] == "burn-in before large jobs"
+    assert j["repeat_offender"]["failures"] == 2 and j["post_repair_risk"] is None
+    assert d04.to_json()["repeat_offender"] is None
+    assert [r.reason for r in AuditLog(store).rows() if r.node == "n03"] == [d03.reason]
+
+
+def test_a_repeat_offender_back_from_repair_is_decided_on_its_post_repair_risk(
+        store: Store) -> None:
+    cost = CostModel(job_gpus=256)  # break-even 24 / 192 = 0.125
+    put_scores(store, T, {n: 0.001 for n in NODES})
+    put_incidents(store, [(-20, "n05", "failure", "GPU-x"), (-19, "n05", "repair", None),
+                          (-4, "n05", "failure", "GPU-x"), (-2, "n05", "repair", None)])
+    dc = DrainController(store, FakeDrainer(NODES), cost, dry_run=True,  # type: ignore[arg-type]
+                         policy=DrainPolicy(risk_horizon_h=24.0 * 7))
+    report = dc.run_once(T)
+    assert report.by_action("drain") == ["n05"]
+    d = report.decisions[0]
+    o = d.repeat_offender
+    assert o is not None and o.suggestion == "RMA / replace the GPU" and o.risk_7d
+    assert d.risk == 0.001 and d.post_repair_risk == pytest.approx(o.risk_7d)
+    assert o.risk_7d > 0.125  # 0.158 with the shipped model
+    assert d.saving_gpu_h == pytest.approx(o.risk_7d * 192)
+    assert "post-repair risk" in d.reason
+    # over a 24 h horizon the same recurrence risk is below break-even: not drained
+    dc24 = DrainController(store, FakeDrainer(NODES), cost, dry_run=True)  # type: ignore[arg-type]
+    assert dc24.run_once(T).by_action("drain") == []
+    # repaired longer ago than post_repair_days: the model's risk alone decides
+    dc_old = DrainController(store, FakeDrainer(NODES), cost, dry_run=True,  # type: ignore[arg-type]
+                             policy=DrainPolicy(risk_horizon_h=168.0, post_repair_days=1.0))
+    assert dc_old.run_once(T).by_action("drain") == []
+
+
+def test_post_repair_policy_is_checked() -> None:
+    with pytest.raises(ValueError, match="post_repair_days=-1 is invalid"):
+        DrainPolicy(post_repair_days=-1)
+    with pytest.raises(ValueError, match="risk_horizon_h=0 is invalid"):
+        DrainPolicy(risk_horizon_h=0)

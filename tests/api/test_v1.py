@@ -116,10 +116,12 @@ def test_drain_candidates_with_default_cost_model(client, fleet):
     assert body["candidates"] == [
         {"node": "hot", "risk": 0.5, "expected_saving_gpu_h": 384.0, "drain_cost_gpu_h": 24.0,
          "net_saving_gpu_h": 360.0, "reasons": ["hot reason"], "top_gpu_uuid": None,
-         "scored_at": "2026-03-01T12:00:00Z", "labels": {}},
+         "scored_at": "2026-03-01T12:00:00Z", "labels": {}, "repeat_offender": None,
+         "post_repair_risk": None},
         {"node": "warm", "risk": 0.25, "expected_saving_gpu_h": 192.0,
          "drain_cost_gpu_h": 24.0, "net_saving_gpu_h": 168.0, "reasons": ["warm reason"],
-         "top_gpu_uuid": None, "scored_at": "2026-03-01T12:00:00Z", "labels": {}},
+         "top_gpu_uuid": None, "scored_at": "2026-03-01T12:00:00Z", "labels": {},
+         "repeat_offender": None, "post_repair_risk": None},
     ]  # 'cool' breaks even exactly: saving == cost is not worth a drain
 
 
@@ -237,3 +239,47 @@ def test_one_meaning_of_latest_score_for_api_metrics_and_drains(client, fleet, s
     # the node's own page still shows its last score, with its time
     detail = client.get("/v1/nodes/gone").json()
     assert detail["risk"] == 0.99 and detail["scored_at"] == t.isoformat() + "Z"
+
+
+def _incidents(store, rows):
+    from fleetcare.collectors.contract import Incident
+
+    t0 = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)  # conftest T0
+    store.insert_incidents([
+        Incident(ts=t0 + dt.timedelta(days=d), node=n, kind=k,
+                 cause="faulty_gpu" if k == "failure" else "repair", source="test",
+                 gpu_uuid=g) for d, n, k, g in rows])
+
+
+def test_repeat_offenders_endpoint_and_in_drain_candidates(client, fleet, store):
+    fleet.node_score("hot", 0.5)
+    fleet.node_score("back", 0.01)  # below break-even on its own
+    _incidents(store, [(-20, "hot", "failure", "GPU-1"), (-3, "hot", "failure", "GPU-1"),
+                       (-25, "back", "failure", None), (-6, "back", "failure", None),
+                       (-5, "back", "repair", None), (-40, "once", "failure", None)])
+    body = client.get("/v1/repeat-offenders").json()
+    assert (body["failures"], body["days"], body["at"]) == (2, 30, "2026-03-01T12:01:30Z")
+    got = {o["node"]: o for o in body["offenders"]}
+    assert sorted(got) == ["back", "hot"]
+    assert got["hot"]["suggestion"] == "RMA / replace the GPU"
+    assert got["hot"]["why"] == "2 failures blamed GPU GPU-1"
+    assert not got["hot"]["repaired_since"] and got["back"]["repaired_since"]
+    assert got["back"]["suggestion"] == "burn-in before large jobs"
+    assert 0 < got["back"]["risk_7d"] < 1 and got["back"]["reasons"]
+    assert client.get("/v1/repeat-offenders", params={"failures": 3}).json()["offenders"] == []
+    assert client.get("/v1/repeat-offenders", params={"days": 0}).status_code == 422
+    cands = {c["node"]: c for c in client.get("/v1/drain-candidates").json()["candidates"]}
+    assert cands["hot"]["repeat_offender"]["suggestion"] == "RMA / replace the GPU"
+    assert cands["hot"]["post_repair_risk"] is None  # not repaired
+    assert "back" not in cands  # post-repair risk over 24 h 0.017 < break-even 0.031
+    # back from repair 5 days ago: decided on max(0.01, post-repair risk over 24 h)
+    from fleetcare.models.offenders import post_repair_risk
+
+    expect = post_repair_risk(got["back"]["risk_7d"], 24.0)
+    assert 10 / 768 < expect  # a cheaper drain: break-even 0.013, between the two risks
+    cands = {c["node"]: c for c in client.get(
+        "/v1/drain-candidates", params={"drain_cost_gpu_h": 10}).json()["candidates"]}
+    assert cands["back"]["risk"] == 0.01
+    assert cands["back"]["post_repair_risk"] == pytest.approx(expect)
+    assert cands["back"]["expected_saving_gpu_h"] == pytest.approx(expect * 768)
+    assert list(cands) == ["hot", "back"]  # highest net saving first

@@ -48,6 +48,18 @@ def test_risk_must_be_a_probability():
         CostModel().should_drain(1.5)
 
 
+def test_a_repaired_repeat_offender_is_decided_on_the_higher_post_repair_risk():
+    cm = CostModel(job_gpus=128, checkpoint_interval_h=1.0, restart_overhead_h=0.25,
+                   drain_cost_gpu_h=24.0)  # crash 96 GPU-h, break-even 0.25
+    assert cm.decision_risk(0.1, 0.3) == 0.3 and cm.decision_risk(0.4, 0.3) == 0.4
+    assert cm.decision_risk(0.1) == 0.1
+    assert cm.should_drain(0.1) is False
+    assert cm.should_drain(0.1, post_repair_risk=0.3) is True
+    assert cm.should_drain(0.1, post_repair_risk=0.2) is False
+    with pytest.raises(GoodputError, match=r"post_repair_risk=2 is invalid"):
+        cm.should_drain(0.1, post_repair_risk=2)
+
+
 def test_ettr_exact():
     # 1024 GPUs = 128 nodes; r_f = 1/1000 per node-hour; u0 + Δ/2 = 0.75 h
     # (1 - 128 * 0.001 * 0.75) / (1 + 0.1 / 1.0) = 0.904 / 1.1

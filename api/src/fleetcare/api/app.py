@@ -32,6 +32,7 @@ Routes (scope needed; see ``fleetcare.api.auth``)::
     GET /v1/nodes/{n}/history  read   hourly signal series per GPU + fleet median
     GET /v1/gpus/{uuid}        read   one GPU: score, reasons, latest telemetry
     GET /v1/drain-candidates   read   nodes whose expected goodput saved > drain cost
+    GET /v1/repeat-offenders   read   nodes that failed twice in 30 days: burn-in or RMA
     GET /v1/drains             read   the drains fleetcare holds
     POST /v1/drains/{n}/clear  admin  an operator cleared a drained node (resume it)
     GET/POST /v1/tokens        admin  list / create API tokens (the value is shown once)

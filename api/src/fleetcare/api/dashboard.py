@@ -1,7 +1,7 @@
 """The dashboard's overview page (``GET /``): the fleet by risk band, alerts firing, drains
 held and overdue, the model in use and its held-out quality, goodput the drains are
-expected to have saved, data freshness, and the nodes ranked by risk, each linking to its
-page. Rendered on the server (``fleetcare.api.html``), refreshed by the browser every
+expected to have saved, data freshness, repeat offenders (burn-in or RMA), and the nodes
+ranked by risk, each linking to its page. Rendered on the server (``fleetcare.api.html``), refreshed by the browser every
 ``REFRESH_S`` seconds.
 """
 
@@ -41,6 +41,7 @@ class Overview:
     telemetry_at: str | None = None
     telemetry_age_s: float | None = None
     signed_in: bool = False
+    offenders: list[dict[str, Any]] = field(default_factory=list)  # Offender.to_json()
 
 
 def model_line(model: dict[str, Any] | None) -> str:
@@ -83,6 +84,20 @@ def _row(rank: int, n: dict[str, Any]) -> str:
     )
 
 
+def offenders_table(offenders: list[dict[str, Any]]) -> str:
+    """Repeat offenders (``fleetcare.models.offenders``): what to do with each."""
+    rows = [
+        f"<tr><td>{html.node_link(o['node'])}</td><td class=\"num\">{o['failures']}</td>"
+        f"<td>{html.when(o['last_failure_ts'])} ({escape(o['last_cause'])})</td>"
+        f"<td>{'repaired ' + html.when(o['repaired_at']) if o['repaired_since'] else 'no'}"
+        f"</td>{html.risk_cell(o['risk_7d'])}"
+        f"<td><b>{escape(o['suggestion'])}</b> ({escape(o['why'])})</td>"
+        f"<td>{html.reasons_list(o['reasons'])}</td></tr>" for o in offenders]
+    return html.table(["Node", "Failures in 30 days", "Last failure", "Repaired since",
+                       "Recurrence risk (7 d)", "Suggestion", "Why it may fail again"],
+                      rows, "No node failed twice in the last 30 days.")
+
+
 def _cards(o: Overview) -> str:
     cards = [f'<div class="card {name}"><b>{o.bands.get(name, 0)}</b>risk {label}</div>'
              for name, _, label in html.BANDS]
@@ -123,6 +138,7 @@ def render(o: Overview) -> str:
         f"{quality(o.model.get('metrics') if o.model else None)}"
         + (f"<h2>Alerts firing</h2>{html.table(['Node', 'Risk', 'Since', 'Reasons'], firing, '')}"
            if firing else "")
+        + "<h2>Repeat offenders</h2>" + offenders_table(o.offenders)
         + "<h2>Nodes by risk</h2>"
         + html.table(["#", "Node", "Failure risk", "Reasons", "Top GPU", "Scored at (UTC)",
                       "Model"], rows, "No node is scored yet.")

@@ -69,8 +69,8 @@ def node(detail: dict[str, Any], history: dict[str, Any] | None,
          wanted: dict[str, list[Signal]], *, xids: list[dict[str, Any]],
          incidents: list[dict[str, Any]], drain: dict[str, Any] | None,
          audit: list[dict[str, Any]], simulated: bool, version: str,
-         signed_in: bool) -> str:
-    """The page of one node."""
+         signed_in: bool, offender: dict[str, Any] | None = None) -> str:
+    """The page of one node; ``offender``: its ``Offender.to_json()`` when it is one."""
     labels = ", ".join(f"{escape(k)}={escape(v)}" for k, v in detail["labels"].items())
     gpu_rows = [
         f"<tr><td class=\"num\">{escape(str(g['gpu_index']))}</td><td>{escape(g['gpu_uuid'])}"
@@ -106,6 +106,7 @@ def node(detail: dict[str, Any], history: dict[str, Any] | None,
         + "<h2>Recent XIDs</h2>"
         + html.table(["Time", "XID", "GPU", "Message", "Source"], xid_rows,
                      "No XID recorded for this node.")
+        + f"<h2>Repeat failures</h2>{offender_line(offender)}"
         + "<h2>Incidents</h2>"
         + html.table(["Time", "Kind", "Cause", "Mode", "GPU", "Note"], inc_rows,
                      "No incident recorded for this node.")
@@ -113,6 +114,19 @@ def node(detail: dict[str, Any], history: dict[str, Any] | None,
     )
     return html.page(f"node {detail['node']}", body, simulated=simulated, version=version,
                      signed_in=signed_in)
+
+
+def offender_line(o: dict[str, Any] | None) -> str:
+    """One line: is the node a repeat offender, and what to do (``models.offenders``)."""
+    if o is None:
+        return "<p>Not a repeat offender: fewer than 2 failures in the last 30 days.</p>"
+    repaired = (f"repaired {html.when(o['repaired_at'])}" if o["repaired_since"]
+                else "no repair recorded since")
+    return (f"<p class=\"offender\"><b>Repeat offender</b>: {o['failures']} failures in "
+            f"{o['window_days']} days, the last {html.when(o['last_failure_ts'])} "
+            f"({escape(o['last_cause'])}), {repaired}; recurrence risk "
+            f"{html.pct(o['risk_7d'])} in 7 days. Suggested: <b>{escape(o['suggestion'])}"
+            f"</b> ({escape(o['why'])}).</p>")
 
 
 def unknown_node(node: str, *, simulated: bool, version: str, signed_in: bool) -> str:

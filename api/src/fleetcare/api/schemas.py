@@ -274,6 +274,32 @@ class CostModelOut(BaseModel):
     break_even_risk: float = Field(description="Risk above which draining pays.")
 
 
+class RepeatOffender(BaseModel):
+    """A node that failed ``failures`` times in ``window_days`` (``fleetcare.models.offenders``)."""
+
+    node: str
+    failures: int = Field(description="Failures in the window (planned maintenance excepted).")
+    window_days: int
+    last_failure_ts: IsoTime
+    last_cause: str
+    last_gpu_uuid: str | None
+    repaired_since: bool = Field(description="A repair or RMA recorded after the last failure.")
+    repaired_at: IsoTime | None
+    risk_7d: float | None = Field(description="The recurrence model's probability of failing "
+                                  "again within 7 days, from incident history alone.")
+    reasons: list[str]
+    suggestion: str = Field(description="'burn-in before large jobs' or 'RMA / replace the "
+                            "GPU' (two failures blamed one GPU, or three failures).")
+    why: str = Field(description="Why that suggestion.")
+
+
+class RepeatOffenders(BaseModel):
+    offenders: list[RepeatOffender] = Field(description="Most failures first, then risk.")
+    at: IsoTime
+    failures: int
+    days: int
+
+
 class DrainCandidate(BaseModel):
     node: str
     risk: float = Field(description=RISK_DOC)
@@ -284,6 +310,11 @@ class DrainCandidate(BaseModel):
     top_gpu_uuid: str | None
     scored_at: IsoTime
     labels: dict[str, str] = Field(description=LABELS_DOC)
+    repeat_offender: RepeatOffender | None = Field(
+        None, description="Set when the node is a repeat offender, with the suggestion.")
+    post_repair_risk: float | None = Field(
+        None, description="A repeat offender back from repair: its recurrence risk over "
+        "24 h; the decision used the higher of it and `risk`.")
 
 
 class DrainCandidates(BaseModel):
@@ -355,6 +386,11 @@ class DrainDecision(BaseModel):
     reason: str
     result: str = Field(description="ok, dry-run, error: ... (as the audit log).")
     actor: str
+    repeat_offender: RepeatOffender | None = Field(
+        None, description="Set when the node is a repeat offender, with the suggestion.")
+    post_repair_risk: float | None = Field(
+        None, description="A repeat offender back from repair: its recurrence risk over the "
+        "model's horizon; the drain decision used the higher of it and `risk`.")
 
 
 class DrainClearOut(BaseModel):

@@ -82,9 +82,22 @@ class CostModel:
         _probability("risk", risk)
         return risk * self.crash_cost_gpu_h()
 
-    def should_drain(self, risk: float) -> bool:
-        """Drain when the expected saving exceeds the drain cost."""
-        return self.expected_saving_gpu_h(risk) > self.drain_cost_gpu_h
+    def should_drain(self, risk: float, *, post_repair_risk: float | None = None) -> bool:
+        """Drain when the expected saving exceeds the drain cost. ``post_repair_risk``: for
+        a repeat offender back from repair, its recurrence risk over the same horizon
+        (``offenders.post_repair_risk``); the decision uses the higher of the two
+        (``decision_risk``)."""
+        return (self.expected_saving_gpu_h(self.decision_risk(risk, post_repair_risk))
+                > self.drain_cost_gpu_h)
+
+    @staticmethod
+    def decision_risk(risk: float, post_repair_risk: float | None = None) -> float:
+        """The risk a decision uses: the model's, or the post-repair risk when higher."""
+        _probability("risk", risk)
+        if post_repair_risk is None:
+            return risk
+        _probability("post_repair_risk", post_repair_risk)
+        return max(risk, post_repair_risk)
 
     def break_even_risk(self) -> float:
         """The risk at which draining and not draining cost the same (capped at 1)."""

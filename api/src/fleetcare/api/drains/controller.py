@@ -16,7 +16,10 @@ One ``run_once(now)``:
      as a warning, audited, handed to ``on_escalate``, and reviewed again after another
      ``review_after`` — or, with ``policy.on_review="resume-if-low"``, resumed when its
      risk is below ``resume_below``. A drain is never left without someone being told.
-3. Drains nodes whose risk makes ``CostModel.should_drain`` true, riskiest first, but
+3. Drains nodes whose risk makes ``CostModel.should_drain`` true, riskiest first (a
+   repeat offender repaired in the last ``policy.post_repair_days`` is decided on the
+   higher of its risk and its post-repair recurrence risk, ``offenders.post_repair_risks``;
+   every decision about a repeat offender says so, with the suggestion: burn-in or RMA), but
    - never a node the scheduler shows as draining, drained, down or unknown (``skip``);
    - never more than the circuit breaker allows (``refuse``; see ``breaker``).
 
@@ -51,6 +54,7 @@ from fleetcare.api.drains.drainer import (
     NodeState,
     drain_reason,
 )
+from fleetcare.models import offenders as _offenders
 from fleetcare.models.goodput import CostModel
 from fleetcare.pipeline.store import Store
 
@@ -74,6 +78,8 @@ class DrainPolicy:
     on_review: str = "escalate"
     max_score_age: dt.timedelta = dt.timedelta(hours=2)
     actor: str = "fleetcare"
+    post_repair_days: float = _offenders.POST_REPAIR_DAYS
+    risk_horizon_h: float = _offenders.DECISION_HORIZON_H
 
     def __post_init__(self) -> None:
         if self.on_review not in ON_REVIEW:
@@ -84,6 +90,12 @@ class DrainPolicy:
                              "probability in [0, 1].")
         if self.review_after <= dt.timedelta(0):
             raise ValueError(f"review_after={self.review_after} is invalid: expected > 0.")
+        if not self.post_repair_days >= 0:
+            raise ValueError(f"post_repair_days={self.post_repair_days!r} is invalid: "
+                             "expected days >= 0.")
+        if not self.risk_horizon_h > 0:
+            raise ValueError(f"risk_horizon_h={self.risk_horizon_h!r} is invalid: expected "
+                             "hours > 0 (the scoring model's horizon).")
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,13 +107,19 @@ class Decision:
     result: str  # ok, dry-run, refused: ..., error: ..., held: ...
     actor: str = "fleetcare"
     saving_gpu_h: float | None = None
+    repeat_offender: _offenders.Offender | None = None
+    post_repair_risk: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"node": self.node, "action": self.action,
                 "risk": None if self.risk is None else round(self.risk, 4),
                 "expected_saving_gpu_h": (None if self.saving_gpu_h is None
                                           else round(self.saving_gpu_h, 1)),
-                "reason": self.reason, "result": self.result, "actor": self.actor}
+                "reason": self.reason, "result": self.result, "actor": self.actor,
+                "repeat_offender": (None if self.repeat_offender is None
+                                    else self.repeat_offender.to_json()),
+                "post_repair_risk": (None if self.post_repair_risk is None
+                                     else round(self.post_repair_risk, 4))}
 
 
 @dataclass(frozen=True)
@@ -160,6 +178,7 @@ class DrainController:
         self.health_check = health_check
         self.on_escalate = on_escalate
         self.clock = clock
+        self._recurrence: Any = None  # the shipped recurrence model, read once
         # the service loop's run_once and an operator's clear (API thread) take turns
         self._lock = threading.RLock()
 
@@ -178,9 +197,26 @@ class DrainController:
         self.audit.record(AuditRow(now, d.node, d.action, d.actor, d.reason, d.risk,
                                    self.dry_run, d.result), dedupe=dedupe)
         level = logging.WARNING if d.action in ("escalate", "refuse") else logging.INFO
-        log.log(level, "drain.%s node=%s risk=%s result=%r dry_run=%s", d.action, d.node,
-                d.risk, d.result, self.dry_run)
+        log.log(level, "drain.%s node=%s risk=%s result=%r dry_run=%s%s", d.action, d.node,
+                d.risk, d.result, self.dry_run,
+                "" if d.repeat_offender is None else
+                f" repeat_offender={d.repeat_offender.failures}"
+                f" suggestion={d.repeat_offender.suggestion!r}")
         return d
+
+    def repeat_offenders(self, now: dt.datetime) -> dict[str, _offenders.Offender]:
+        """``offenders.repeat_offenders`` at ``now``; none (logged) when it cannot be read:
+        a broken incident history never stops draining."""
+        try:
+            if self._recurrence is None:
+                from fleetcare.models import recurrence
+
+                self._recurrence = recurrence.load()
+            return {o.node: o for o in _offenders.repeat_offenders(
+                self.store, now, model=self._recurrence)}
+        except Exception:
+            log.exception("drain.repeat_offenders_failed")
+            return {}
 
     # -- the loop --------------------------------------------------------------------------
     def run_once(self, now: dt.datetime | None = None) -> RunReport:
@@ -201,16 +237,27 @@ class DrainController:
 
         stale = scores_ts is not None and now - scores_ts > self.policy.max_score_age
         left = budget.left
-        candidates = sorted(((r, n) for n, (r, _) in scores.items()
-                             if n not in active and self.cost.should_drain(r)),
-                            key=lambda rn: (-rn[0], rn[1]))
-        for risk, node in candidates:
-            reason = drain_reason(risk, scores[node][1])
-            saving = self.cost.expected_saving_gpu_h(risk)
+        repeat = self.repeat_offenders(now)
+        post = _offenders.post_repair_risks(
+            list(repeat.values()), now, horizon_h=self.policy.risk_horizon_h,
+            within_days=self.policy.post_repair_days)
+        candidates = sorted(
+            ((self.cost.decision_risk(r, post.get(n)), r, n) for n, (r, _) in scores.items()
+             if n not in active and self.cost.should_drain(r, post_repair_risk=post.get(n))),
+            key=lambda drn: (-drn[0], drn[2]))
+        for decision_risk, risk, node in candidates:
+            offender = repeat.get(node)
+            said = scores[node][1]
+            if offender is not None:
+                said = [_offender_reason(offender, post.get(node)), *said]
+            reason = drain_reason(risk, said)
+            saving = self.cost.expected_saving_gpu_h(decision_risk)
 
             def decide(action: str, result: str, _n: str = node, _r: float = risk,
-                       _why: str = reason, _s: float = saving) -> Decision:
-                return Decision(_n, action, _r, _why, result, self.policy.actor, _s)
+                       _why: str = reason, _s: float = saving,
+                       _o: _offenders.Offender | None = offender,
+                       _p: float | None = post.get(node)) -> Decision:
+                return Decision(_n, action, _r, _why, result, self.policy.actor, _s, _o, _p)
 
             if stale:
                 decisions.append(self._log(now, decide(
@@ -232,25 +279,24 @@ class DrainController:
                               f"{_fmt(self.breaker.policy.window)} for a fleet of "
                               f"{len(scores)} nodes, {budget.limit - left} used"), dedupe=True))
                 continue
-            d = self._log(now, self._drain(node, risk, reason, saving, now))
+            d = self._log(now, self._drain(node, risk, reason, now, decide))
             if not d.result.startswith("error"):  # a failed drain uses no budget
                 left -= 1
             decisions.append(d)
         return RunReport(now, self.dry_run, self.drainer.name, len(scores), scores_ts,
                          self.cost.break_even_risk(), self.resume_below, budget, decisions)
 
-    def _drain(self, node: str, risk: float, reason: str, saving: float,
-               now: dt.datetime) -> Decision:
+    def _drain(self, node: str, risk: float, reason: str,
+               now: dt.datetime, decide: Callable[[str, str], Decision]) -> Decision:
         if self.dry_run:
-            return Decision(node, "drain", risk, reason, "dry-run", self.policy.actor, saving)
+            return decide("drain", "dry-run")
         try:
             self.drainer.drain(node, reason)
         except DrainerError as exc:
-            return Decision(node, "drain", risk, reason, f"error: {exc}", self.policy.actor,
-                            saving)
+            return decide("drain", f"error: {exc}")
         self.audit.add(Drain(node, now, now + self.policy.review_after, risk, reason,
                              self.drainer.name, None, None))
-        return Decision(node, "drain", risk, reason, "ok", self.policy.actor, saving)
+        return decide("drain", "ok")
 
     def _review(self, node: str, held: Drain, risk: float | None,
                 now: dt.datetime) -> Decision | None:
@@ -351,6 +397,13 @@ class DrainController:
         if d is not None:
             out.append(d)
         return out
+
+
+def _offender_reason(o: _offenders.Offender, post: float | None) -> str:
+    """The repeat-offender part of a drain reason (short: scheduler reasons are 200 chars)."""
+    back = f", post-repair risk {post:.2f}" if post is not None else ""
+    return (f"repeat offender ({o.failures} failures in {o.window_days} d{back}): "
+            f"{o.suggestion}")
 
 
 def _not_schedulable(state: NodeState) -> str:

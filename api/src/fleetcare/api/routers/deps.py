@@ -48,6 +48,25 @@ class AppContext:
     def utcnow(self) -> dt.datetime:
         return dt.datetime.fromtimestamp(self.clock(), dt.UTC).replace(tzinfo=None)
 
+    def repeat_offenders(self, *, failures: int = 2, days: int = 30) -> list[Any]:
+        """``offenders.repeat_offenders`` now, scored by the shipped recurrence model."""
+        from fleetcare.models import offenders
+
+        return offenders.repeat_offenders(self.store, self.utcnow(), failures=failures,
+                                          days=days, model=_recurrence_model())
+
+
+_RECURRENCE: list[Any] = []
+
+
+def _recurrence_model() -> Any:
+    """The shipped recurrence model, read once per process."""
+    if not _RECURRENCE:
+        from fleetcare.models import recurrence
+
+        _RECURRENCE.append(recurrence.load())
+    return _RECURRENCE[0]
+
 
 async def _context(request: Request) -> AppContext:
     ctx: AppContext = request.app.state.ctx

@@ -113,6 +113,7 @@ def home(
         telemetry_at=queries.iso_z(telemetry),
         telemetry_age_s=ctx.age_s(telemetry),
         signed_in=_signed_in(request, user),
+        offenders=[o.to_json() for o in ctx.repeat_offenders()],
     )
     return _html(dashboard.render(overview))
 
@@ -142,7 +143,8 @@ def node_page(
         incidents=page_data.node_incidents(cur, tables, node),
         drain=page_data.node_drain(cur, tables, node),
         audit=page_data.drain_audit(cur, tables, node), simulated=simulated,
-        version=ctx.version, signed_in=signed_in))
+        version=ctx.version, signed_in=signed_in,
+        offender=next((o.to_json() for o in ctx.repeat_offenders() if o.node == node), None)))
 
 
 @router.get("/alerts", response_class=HTMLResponse, include_in_schema=False)
