@@ -329,4 +329,6 @@ def compact(root: str | Path, *, older_than: dt.timedelta = dt.timedelta(hours=2
             log.info("lake.compacted partition=%s files=%d rows_in=%d rows_out=%d",
                      hour_dir.relative_to(root), len(files), rows_in, data.num_rows)
     con.close()
-    return CompactResult(*totals, outputs=tuple(outputs))
+    partitions_n, files_in, files_out, rows_in_n, rows_out = totals
+    return CompactResult(partitions_n, files_in, files_out, rows_in_n, rows_out,
+                         outputs=tuple(outputs))

@@ -59,7 +59,7 @@ class UrgentSignals:
 
         for b in batches:
             for e in b.events:
-                if urgent_xid(self.catalog, e.xid):
+                if e.xid is not None and urgent_xid(self.catalog, e.xid):
                     info = self.catalog.lookup(e.xid)
                     name(e.node, f"XID {e.xid} ({info.name}, {info.severity})")
             for s in sorted(b.samples, key=lambda s: s.ts):

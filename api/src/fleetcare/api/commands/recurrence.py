@@ -52,18 +52,19 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         store.close()
     model = recurrence.load()
     nodes = recurrence.score(history, at, model, limit=args.limit)
-    out = {"at": at.isoformat().replace("+00:00", "Z"), "horizon_days": recurrence.HORIZON_DAYS,
-           "model": {"id": model.model_id, "data": model.meta.get("data")}, "nodes": nodes}
+    when = at.isoformat().replace("+00:00", "Z")
+    data = model.meta.get("data")
+    out = {"at": when, "horizon_days": recurrence.HORIZON_DAYS,
+           "model": {"id": model.model_id, "data": data}, "nodes": nodes}
     if args.json:
         print_json(out)
         return 0
     if not nodes:
-        print(f"no incidents on record up to {out['at']}: import them with "
+        print(f"no incidents on record up to {when}: import them with "
               "`fleetcare incident import --csv FILE --db DB`")
         return 0
     width = max(len(n["node"]) for n in nodes)
     for n in nodes:
         print(f"{n['node']:<{width}}  {n['risk_7d']:.3f}  {'; '.join(n['reasons'])}")
-    print(f"risk of a failure within 7 days, as of {out['at']}; {model.model_id} "
-          f"({out['model']['data']})")
+    print(f"risk of a failure within 7 days, as of {when}; {model.model_id} ({data})")
     return 0
