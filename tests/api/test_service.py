@@ -243,3 +243,27 @@ def test_an_urgent_batch_rescores_at_once_not_at_the_next_cycle(tmp_path: Path) 
         assert "XID 119" in svc.urgent.why["node-00001"]
     finally:
         svc.stop()
+
+
+def test_rescore_runs_one_at_a_time(tmp_path: Path) -> None:
+    """The scoring loop's cycles (on schedule or on an urgent batch) and a caller's own
+    rescore() never overlap: two writers of the rollups conflicted in DuckDB."""
+    import threading
+    import time
+
+    svc = Service(Store(tmp_path / "f.duckdb"), keep_raw=None)
+    inside, seen = [0], []
+
+    def cycle() -> None:
+        inside[0] += 1
+        seen.append(inside[0])
+        time.sleep(0.05)
+        inside[0] -= 1
+
+    svc._rescore = cycle  # type: ignore[method-assign]
+    threads = [threading.Thread(target=svc.rescore) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert seen == [1, 1, 1, 1]

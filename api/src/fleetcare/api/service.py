@@ -61,7 +61,8 @@ class Service:
                  drains: DrainController | None = None,
                  wall: Callable[[], float] = time.time,
                  urgent_gap_s: float = 5.0,
-                 urgent: UrgentSignals | None = None) -> None:
+                 urgent: UrgentSignals | None = None,
+                 rescore_on_events: bool = True) -> None:
         self.store = store
         self.open_consumer = open_consumer
         self.score_every_s = score_every_s
@@ -86,6 +87,8 @@ class Service:
         self.on_scored: Callable[[], None] | None = None
         self.urgent = urgent if urgent is not None else UrgentSignals()
         self.urgent_gap_s = urgent_gap_s
+        self.rescore_on_events = rescore_on_events
+        self._rescoring = threading.Lock()
         self._wake = threading.Event()
         self._urgent_lock = threading.Lock()
         self._urgent_nodes: set[str] = set()
@@ -107,7 +110,11 @@ class Service:
         """Read new lake files (lake shape), derive failures from fresh fatal XIDs, bring
         rollups up to date, score every GPU and node once, then alerts and drains; on
         their schedules, drop raw telemetry that is rolled up and old, prune old scores
-        and compact the lake."""
+        and compact the lake. One at a time: a call while another runs waits for it."""
+        with self._rescoring:
+            self._rescore()
+
+    def _rescore(self) -> None:
         if self.lake:
             self.store.raw.sync(self.store)  # type: ignore[attr-defined]
         newest = self._newest_telemetry()
@@ -147,6 +154,8 @@ class Service:
 
     def on_landed(self, batches: list[Batch]) -> None:
         """The ingest worker's hook: wake the scorer for nodes with urgent news."""
+        if not self.rescore_on_events:
+            return
         nodes = self.urgent.observe(batches)
         if nodes:
             with self._urgent_lock:
