@@ -122,3 +122,34 @@ def test_hard_negatives_are_kept_whole_and_the_weights_still_estimate_the_fleet(
     assert w[healthy].sum() == pytest.approx((~pos).sum(), rel=0.1)
     assert not dataset.hard_negatives(p, keep & ~pos, 0.0).any()
     assert not dataset.hard_negatives(p, np.zeros(len(p), dtype=bool), 0.05).any()
+
+
+def test_spill_keeps_rows_in_memory_then_on_disk_in_order():
+    import gc
+
+    import pyarrow as pa
+
+    from fleetcare.models.dataset import Spill
+
+    def part(k: int) -> pa.Table:
+        return pa.table({"ts": pa.array([k * 10 + i for i in range(10)], pa.timestamp("us")),
+                         "node": [f"n{k}"] * 10, "x": pa.array([float(k)] * 10, pa.float32())})
+
+    small = Spill(limit=10**9)
+    for k in range(3):
+        small.add(part(k))
+    assert not small.spilled and small.num_rows == 30
+    big = Spill(limit=part(0).nbytes + 1)  # the second table goes over: all to disk
+    for k in range(4):
+        big.add(part(k))
+    big.add(part(9).slice(0, 0))  # empty: ignored
+    assert big.spilled and big.num_rows == 40
+    got = pa.concat_tables(list(big.tables()))
+    assert got.equals(pa.concat_tables([part(k) for k in range(4)]))
+    assert big.keys.column_names == ["ts", "node"]  # the KEEP columns it has
+    assert big.keys.equals(got.select(["ts", "node"]))
+    folder = big._folder
+    assert folder is not None and any(folder.iterdir())
+    del big
+    gc.collect()
+    assert not folder.exists()  # the temporary files go with the object

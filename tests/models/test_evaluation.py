@@ -91,6 +91,7 @@ def test_a_fleet_in_shards_is_trained_and_measured_as_one(tmp_path):
     try:
         cfg = E.EvalConfig()
         singles = [E.load_fleet(st, cfg) for st in stores]
+        tests = [f.test_rows({}) for f in singles]
         report = E.evaluate_store(stores, cfg)
     finally:
         for st in stores:
@@ -98,9 +99,9 @@ def test_a_fleet_in_shards_is_trained_and_measured_as_one(tmp_path):
     s = report["_curves"]["node_scores"]
     assert {n.split("/")[0] for n in s.node} == {"0", "1"}  # node-00003 of each kept apart
     assert len({n for n in s.node}) == 24
-    expected = sum(len(E.failures_of(f.table, f.alarm_m)) for f in singles)
+    expected = sum(len(E.failures_of(t.keys)) for t in tests)
     assert report["test_period"]["failures"] == expected > 0
     assert report["test_period"]["shards"] == 2
-    rows = sum(int(f.alarm_m.sum()) for f in singles) // 8  # node-hours (8 GPUs a node)
+    rows = sum(t.num_rows for t in tests) // 8  # node-hours (8 GPUs a node)
     assert report["test_period"]["node_days"] == pytest.approx(rows / 24, abs=0.01)
     assert report["goodput"]["no_action"]["failures"] == expected

@@ -109,3 +109,42 @@ def test_too_few_failures_is_a_clear_error_and_registers_nothing(store):
                              f"training period, {e.cal} in calibration): a model of its own "
                              "needs about 500 in training")
     assert registry.list_models(store) == []
+
+
+def test_training_in_chunks_gives_the_model_of_one_pass(store, monkeypatch):
+    """Issue 15 §1: features are built a few scoring times at a time (memory bounded by
+    the chunk, not the fleet); the chunk boundaries change nothing the model learns or
+    any held-out figure."""
+    from fleetcare.models import dataset
+
+    _plant(store)
+    kw = {"horizon_h": 24, "seed": 0, "params": {"n_estimators": 40}, "min_failures": 1,
+          "register": False}
+    whole = train(store, **kw)
+    stages: list[str] = []
+    monkeypatch.setattr(dataset, "CHUNK_ROWS", NODES * GPUS * 5)  # 5 scoring times a chunk
+    chunked = train(store, progress=stages.append, **kw)
+    assert sum(s.startswith("features 20") for s in stages) > 40  # ~13 days / 5 h
+    assert chunked.model.to_bytes() == whole.model.to_bytes()
+    assert chunked.metrics == whole.metrics
+    assert whole.metrics["healthy_rows_sampled"] == 1.0
+
+
+def test_a_fleet_above_the_row_cap_trains_on_sampled_healthy_rows(store, monkeypatch):
+    """Above ``MAX_FIT_ROWS`` healthy rows are sampled (weighted to the base rate), every
+    positive and every row of a node with a failure ahead kept: the fit stays the same
+    size however large the fleet, and the model still ranks the planted failures."""
+    from fleetcare.models import dataset
+
+    _plant(store)
+    kw = {"horizon_h": 24, "seed": 0, "params": {"n_estimators": 40}, "min_failures": 1,
+          "register": False}
+    whole = train(store, **kw)
+    monkeypatch.setattr(dataset, "MAX_FIT_ROWS", 1000)
+    small = train(store, **kw)
+    m, w = small.metrics, whole.metrics
+    assert 0 < m["healthy_rows_sampled"] < 0.5
+    assert m["train_positives"] == w["train_positives"]
+    assert m["train_rows"] < 0.6 * w["train_rows"]
+    assert m["test_rows"] == w["test_rows"]  # the held-out period is never sampled
+    assert m["pr_auc"] is not None and m["pr_auc"] > 0.3

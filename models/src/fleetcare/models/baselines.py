@@ -273,7 +273,9 @@ class LogisticBaseline:
         return np.asarray(X, dtype=np.float64)
 
     def fit(self, X: pa.Table | np.ndarray, y: np.ndarray,
-            feature_names: Sequence[str] | None = None) -> LogisticBaseline:
+            feature_names: Sequence[str] | None = None,
+            sample_weight: np.ndarray | None = None) -> LogisticBaseline:
+        """``sample_weight``: row weights (e.g. 1 / share of sampled healthy rows)."""
         from sklearn.impute import SimpleImputer
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import make_pipeline
@@ -293,7 +295,11 @@ class LogisticBaseline:
             SimpleImputer(strategy="median", keep_empty_features=True), StandardScaler(),
             LogisticRegression(C=self.C, class_weight="balanced", max_iter=self.max_iter,
                                random_state=self.seed))
-        self.pipeline_.fit(A, y)
+        if sample_weight is None:
+            self.pipeline_.fit(A, y)
+        else:
+            self.pipeline_.fit(A, y, logisticregression__sample_weight=np.asarray(
+                sample_weight, dtype=np.float64))
         return self
 
     def predict_proba(self, X: pa.Table | np.ndarray) -> np.ndarray:

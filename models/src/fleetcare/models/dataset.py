@@ -10,6 +10,14 @@ float32 (every counter delta below 2^24 is exact; the model reads float64 back).
 - ``aftermath(table, failures)``: the rows in the 24 h after one of their node's failures
   (``training.aftermath``'s rule), from the fleet's own failure list, so it holds across
   chunk boundaries.
+- ``Spill``: the compact rows of a period, in memory up to ``SPILL_BYTES``, then on disk
+  (one Parquet file per chunk), read back a chunk at a time; their keys and labels stay in
+  memory.
+- ``fit_rows(chunks, ...)`` / ``score(chunks, predictors)``: what ``training.train``,
+  ``evaluation`` and ``promotion`` build from a store's chunks, so that their memory does
+  not grow with the fleet: the training and calibration rows down-sampled (``sample``, with
+  ``negatives_for`` keeping at most ``MAX_FIT_ROWS``), the scored period reduced at once to
+  its keys, labels and each model's probability.
 - ``sample(table, keep, negatives, seed, hard)``: training rows: every positive, every
   row of a node with a failure ahead, every *hard* healthy row (``hard``: e.g. the healthy
   rows a first model scores highest, ``hard_negatives``), and a fixed share ``negatives``
@@ -26,9 +34,14 @@ float32 (every counter delta below 2^24 is exact; the model reads float64 back).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
+import shutil
+import tempfile
+import weakref
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,7 +52,20 @@ from fleetcare.models import training as T
 
 Progress = Callable[[str], None]
 CHUNK = dt.timedelta(days=8)
-"""Scoring times per chunk: with the 7-day windows' history, ~15 days of rollups a query."""
+"""Scoring times per chunk at most: with the 7-day windows' history, ~15 days of rollups a
+query."""
+CHUNK_ROWS = 600_000
+"""GPU rows per chunk at most (``chunk_for``): DuckDB hands back 161 float64 features a row
+(~0.8 GB for this many) before they are cut to the model's float32 columns."""
+MAX_FIT_ROWS = 3_000_000
+"""Training + calibration rows a fit takes at most (``negatives_for``): ~1.4 GB as float32,
+twice that while LightGBM bins them. Fleets below it (the benchmarks' 512 nodes x 30 days
+at 4,096 GPUs) keep every row."""
+SPILL_BYTES = 512 * 2**20
+"""A ``Spill`` keeps this many bytes of rows in memory, the rest on disk."""
+KEEP = ("ts", "node", "gpu_uuid", "gpu_index", "model", "label", "node_label", "failure_ts",
+        "failure_mode", "failure_cause")
+"""The columns a scored period keeps per row (``Scored.keys``, ``Spill.keys``)."""
 WEIGHT = "weight"
 
 
@@ -76,6 +102,35 @@ def chunks(store: Any, start: dt.datetime, end: dt.datetime, *, every_s: int = 3
             say(f"features {c0:%Y-%m-%d %H:%M} .. {c1:%Y-%m-%d %H:%M}")
         feats = features.gpu_features(store, c0, c1, every_s=every_s)
         yield compact(labels.attach_labels(store, feats, horizon_h=horizon_h), names)
+
+
+def chunk_for(gpus: int, every_s: int = 3600, *, rows: int | None = None,
+              most: dt.timedelta = CHUNK) -> dt.timedelta:
+    """Scoring times per chunk for a fleet of ``gpus``: at most ``rows`` (default
+    ``CHUNK_ROWS``) GPU rows a chunk, at most ``most``, at least one step."""
+    step = dt.timedelta(seconds=every_s)
+    per = max(1, (CHUNK_ROWS if rows is None else rows) // max(gpus, 1))
+    return max(step, min(most, step * per))
+
+
+def fleet_gpus(store: Any) -> int:
+    """GPUs in the store's hourly rollups (what a grid of scoring times has rows for)."""
+    from fleetcare.pipeline import rollup
+
+    cur = store.cursor()
+    try:
+        rollup.ensure_tables(cur)
+        row = cur.execute(f"SELECT count(DISTINCT gpu_uuid) FROM {rollup.TABLE}").fetchone()
+    finally:
+        cur.close()
+    return int(row[0]) if row else 0
+
+
+def negatives_for(rows: int, *, most: int | None = None) -> float:
+    """The share of healthy rows a fit keeps so that about ``most`` (default
+    ``MAX_FIT_ROWS``) of ``rows`` remain (1: every row, for fleets up to ``most``)."""
+    most = MAX_FIT_ROWS if most is None else most
+    return 1.0 if rows <= most else most / rows
 
 
 def load(store: Any, start: dt.datetime, end: dt.datetime, **kw: Any) -> pa.Table:
@@ -156,3 +211,138 @@ def sample(table: pa.Table, keep: np.ndarray, *, negatives: float, seed: int = 0
         weight = np.ones(table.num_rows, dtype=np.float32)
     out = table.filter(pa.array(take))
     return out.append_column(WEIGHT, pa.array(weight[take], pa.float32()))
+
+
+# -- streaming: fit rows and scored periods --------------------------------------------------
+def keys_of(table: pa.Table) -> pa.Table:
+    """The ``KEEP`` columns of ``table`` (those it has)."""
+    return table.select([c for c in KEEP if c in table.column_names])
+
+
+class Spill:
+    """Compact rows of one period, kept in memory up to ``limit`` bytes and then on disk
+    (one Parquet file per ``add``, in a temporary folder removed with the object)."""
+
+    def __init__(self, limit: int = SPILL_BYTES) -> None:
+        self.limit = limit
+        self._held: list[pa.Table] = []
+        self._files: list[Path] = []
+        self._keys: list[pa.Table] = []
+        self._folder: Path | None = None
+        self.num_rows = 0
+
+    def _spill_to(self) -> Path:
+        if self._folder is None:
+            self._folder = Path(tempfile.mkdtemp(prefix="fleetcare-rows-"))
+            weakref.finalize(self, shutil.rmtree, self._folder, True)
+        return self._folder
+
+    def _write(self, table: pa.Table) -> None:
+        import pyarrow.parquet as pq
+
+        path = self._spill_to() / f"part-{len(self._files):05d}.parquet"
+        pq.write_table(table, path, compression="lz4")
+        self._files.append(path)
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows == 0:
+            return
+        self.num_rows += table.num_rows
+        self._keys.append(keys_of(table))
+        if self._files or sum(t.nbytes for t in self._held) + table.nbytes > self.limit:
+            for t in self._held:
+                self._write(t)
+            self._held = []
+            self._write(table)
+        else:
+            self._held.append(table)
+
+    @property
+    def spilled(self) -> bool:
+        return bool(self._files)
+
+    @property
+    def keys(self) -> pa.Table:
+        """Every row's ``KEEP`` columns, in the order of ``tables``."""
+        return pa.concat_tables(self._keys) if self._keys else pa.table({})
+
+    def tables(self) -> Iterator[pa.Table]:
+        """The rows, one added table at a time."""
+        import pyarrow.parquet as pq
+
+        for path in self._files:
+            yield pq.read_table(path)
+        yield from self._held
+
+
+Predict = Callable[[pa.Table], np.ndarray]
+
+
+@dataclasses.dataclass
+class Scored:
+    """A period's rows reduced to their keys and labels (``KEEP``) and each model's
+    probability per row (``p[name]``, aligned with ``keys``)."""
+
+    keys: pa.Table
+    p: dict[str, np.ndarray]
+
+    @property
+    def num_rows(self) -> int:
+        return self.keys.num_rows
+
+
+def score(tables: Iterable[pa.Table], predictors: Mapping[str, Predict],
+          keep: Callable[[pa.Table], np.ndarray] | None = None) -> Scored:
+    """Every table's rows (those ``keep`` selects, default all) scored by each predictor, one
+    table at a time: only keys, labels and probabilities are kept."""
+    keys: list[pa.Table] = []
+    ps: dict[str, list[np.ndarray]] = {k: [] for k in predictors}
+    for t in tables:
+        if keep is not None:
+            t = t.filter(pa.array(keep(t)))
+        if t.num_rows == 0:
+            continue
+        keys.append(keys_of(t))
+        for name, fn in predictors.items():
+            ps[name].append(np.asarray(fn(t), dtype=np.float64))
+    return Scored(pa.concat_tables(keys) if keys else pa.table({}),
+                  {k: np.concatenate(v) if v else np.zeros(0) for k, v in ps.items()})
+
+
+@dataclasses.dataclass
+class FitRows:
+    """Training and calibration rows (``sample``: weighted), and every calibration-period
+    row when asked for (``cal_all``: e.g. to choose an operating threshold on)."""
+
+    train: pa.Table
+    cal: pa.Table
+    negatives: float
+    cal_all: Spill | None = None
+
+
+def fit_rows(tables: Iterable[pa.Table], *, cal_start: np.datetime64, test_start: np.datetime64,
+             horizon: np.timedelta64, failures: Sequence[M.Failure], negatives: float,
+             seed: int = 0, start: np.datetime64 | None = None, keep_cal: bool = False
+             ) -> FitRows:
+    """Training rows ``[start, cal_start)`` and calibration rows ``[cal_start, test_start)``
+    whose label window ends inside their period, minus each failure's aftermath, healthy rows
+    sampled at ``negatives`` (``sample``); with ``keep_cal`` every calibration-period row too
+    (aftermath and unknown labels included: alarms need no label)."""
+    train, cal = [], []
+    cal_all = Spill() if keep_cal else None
+    for t in tables:
+        ts = T.ts_column(t)
+        ok = ~aftermath(t, failures)
+        lo = ts >= start if start is not None else np.ones(len(ts), dtype=bool)
+        train.append(sample(t, lo & (ts + horizon <= cal_start) & ok, negatives=negatives,
+                            seed=seed))
+        cal.append(sample(t, (ts >= cal_start) & (ts + horizon <= test_start) & ok,
+                          negatives=negatives, seed=seed + 1))
+        if cal_all is not None:
+            cal_all.add(t.filter(pa.array((ts >= cal_start) & (ts < test_start))))
+    return FitRows(_concat(train), _concat(cal), negatives, cal_all)
+
+
+def _concat(parts: list[pa.Table]) -> pa.Table:
+    parts = [p for p in parts if p.num_rows] or parts[:1]
+    return pa.concat_tables(parts, promote_options="default") if parts else pa.table({})

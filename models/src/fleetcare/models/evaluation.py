@@ -33,6 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleetcare.models import baselines as B
+from fleetcare.models import dataset
 from fleetcare.models import goodput_sim as G
 from fleetcare.models import metrics as M
 from fleetcare.models import training as T
@@ -66,81 +67,109 @@ class EvalConfig:
 
 @dataclass
 class Fleet:
-    """One store's features + labels, its split and the masks of each period."""
+    """One store's fit rows (``dataset.FitRows``: training and calibration rows, healthy
+    ones sampled with weights when the fleet is large, every calibration-period row kept
+    for the goodput threshold), its split, and how to read its test period again
+    (``test_rows``): nothing per row of the whole fleet stays in memory."""
     store: Any
-    table: pa.Table
     splits: T.Splits
     last: dt.datetime
-    ts: np.ndarray
     shard: str  # the prefix of its node names ("" for a fleet in one store)
-    train_m: np.ndarray
-    cal_m: np.ndarray
-    test_m: np.ndarray  # test rows whose label is known (PR-AUC, calibration)
-    alarm_m: np.ndarray  # every test row (alarms need no label)
-    cal_alarm_m: np.ndarray  # every calibration row
+    fit: dataset.FitRows
+    test_from: dt.datetime  # the first scoring time of the test period (on the grid)
+    chunk: dt.timedelta
+    horizon_h: float
+    every_s: int
+
+    def test_rows(self, predictors: dict[str, dataset.Predict]) -> dataset.Scored:
+        """The test period's rows (every one up to the end: alarms need no label), scored
+        by each predictor a chunk at a time; keys and labels kept, features not."""
+        end = _np(self.splits.end)
+        if self.test_from > self.splits.end:
+            return dataset.score((), predictors)
+        tables = dataset.chunks(self.store, self.test_from, self.splits.end,
+                                every_s=self.every_s, horizon_h=self.horizon_h,
+                                chunk=self.chunk)
+        return dataset.score((_prefixed(t, self.shard) for t in tables), predictors,
+                             keep=lambda t: T.ts_column(t) <= end)
+
+    def known(self, keys: pa.Table) -> np.ndarray:
+        """Rows of ``keys`` whose label is known (their horizon ends inside the data)."""
+        H = np.timedelta64(int(round(self.horizon_h * 3600)), "s")
+        return np.asarray(_ts(keys) + H <= _np(self.last), dtype=bool)
 
 
 def _np(t: dt.datetime) -> np.datetime64:
     return T._np_ts(t)
 
 
-def _compact(table: pa.Table) -> pa.Table:
-    """Keys, labels and the model's features as float32: a third of the memory.
-
-    A fleet of 10^6 GPU-hours is otherwise several GB per copy. float32 holds every
-    counter delta below 2^24 exactly; the model reads the values back as float64.
-    """
-    keep = set(T.model_features(T.feature_columns(table)))
-    cols, names = [], []
-    for name, col in zip(table.column_names, table.columns, strict=True):
-        if name in keep:
-            col = col.cast(pa.float32())
-        elif name not in T.LABEL_COLUMNS and not T.is_key(name):
-            continue
-        cols.append(col)
-        names.append(name)
-    return pa.table(cols, names=names)
+def _ts(keys: pa.Table) -> np.ndarray:
+    return T.ts_column(keys) if keys.num_rows else np.zeros(0, "datetime64[us]")
 
 
-def load_fleet(store: Any, cfg: EvalConfig, *, whole: bool = False,
-               say: Progress = lambda _m: None, shard: str = "") -> Fleet:
-    """Features + labels of one store and its split. ``shard`` (e.g. ``"2/"``) is put in
-    front of every node name, so that shards of one fleet never share a node."""
-    from fleetcare.pipeline import features, labels
+def _prefixed(table: pa.Table, shard: str) -> pa.Table:
+    """``table`` with ``shard`` in front of every node name."""
+    if not shard or table.num_rows == 0:
+        return table
+    i = table.column_names.index("node")
+    return table.set_column(i, "node", pc.binary_join_element_wise(
+        pa.scalar(shard), table.column("node").cast(pa.string()), ""))
 
-    features.refresh(store)
+
+def _grid(store: Any, cfg: EvalConfig) -> tuple[dt.datetime, dt.datetime, int]:
+    """(first scoring time, newest telemetry, grid times) of a store."""
     lo, hi = T._telemetry_range(store)
     start = lo + T.WARMUP
     if hi <= start:
         raise T.TrainError(f"the store's telemetry ({lo} .. {hi}) is shorter than the "
                            f"{T.WARMUP} warm-up: simulate more days")
-    say(f"features {start:%Y-%m-%d %H:%M} .. {hi:%Y-%m-%d %H:%M}")
-    table = _compact(labels.attach_labels(store, features.gpu_features(
-        store, start, hi, every_s=cfg.every_s), horizon_h=cfg.horizon_h))
-    if shard:
-        i = table.column_names.index("node")
-        table = table.set_column(i, "node", pc.binary_join_element_wise(
-            pa.scalar(shard), table.column("node").cast(pa.string()), ""))
+    return start, hi, int((hi - start) / dt.timedelta(seconds=cfg.every_s)) + 1
+
+
+def load_fleet(store: Any, cfg: EvalConfig, *, whole: bool = False,
+               say: Progress = lambda _m: None, shard: str = "",
+               negatives: float | None = None) -> Fleet:
+    """Fit rows of one store and its split (``Fleet``). ``shard`` (e.g. ``"2/"``) is put in
+    front of every node name, so that shards of one fleet never share a node;
+    ``negatives``: the share of healthy rows fits keep (default: ``dataset.negatives_for``
+    this store's rows)."""
+    from fleetcare.pipeline import features
+
+    features.refresh(store)
+    start, hi, n = _grid(store, cfg)
     if whole:  # train on all of it, the last 20 % calibrates
         span = hi - start
         splits = T.Splits(start, start + span * 0.8, hi, hi)
     else:
         splits = T.Splits.of(start, hi)
-    ts = T.ts_column(table)
+    step = dt.timedelta(seconds=cfg.every_s)
+    n_fit = -(-(splits.test_start - start) // step)
+    test_from = start + n_fit * step
+    gpus = dataset.fleet_gpus(store)
+    chunk = dataset.chunk_for(gpus, cfg.every_s)
+    if negatives is None:
+        negatives = dataset.negatives_for(gpus * n_fit)
+    failures = [M.Failure(shard + f.node, f.ts, f.mode) for f in dataset.fleet_failures(store)]
+    say(f"features {start:%Y-%m-%d %H:%M} .. {hi:%Y-%m-%d %H:%M} ({gpus} GPUs, "
+        f"{chunk} at a time)")
+    tables = (_prefixed(t, shard) for t in dataset.chunks(
+        store, start, test_from - step, every_s=cfg.every_s, horizon_h=cfg.horizon_h,
+        chunk=chunk, say=say))
     H = np.timedelta64(int(round(cfg.horizon_h * 3600)), "s")
-    b0, b1, b2, end = (_np(splits.start), _np(splits.cal_start), _np(splits.test_start),
-                       _np(splits.end))
-    fit_m = ~T.aftermath(table)  # see training.aftermath; test rows keep every row
-    return Fleet(store, table, splits, hi, ts, shard,
-                 (ts >= b0) & (ts + H <= b1) & fit_m, (ts >= b1) & (ts + H <= b2) & fit_m,
-                 (ts >= b2) & (ts + H <= _np(hi)) & (ts <= end),
-                 (ts >= b2) & (ts <= end), (ts >= b1) & (ts < b2))
+    fit = dataset.fit_rows(tables, cal_start=_np(splits.cal_start),
+                           test_start=_np(splits.test_start), horizon=H, failures=failures,
+                           negatives=negatives, seed=cfg.seed, start=_np(start), keep_cal=True)
+    return Fleet(store, splits, hi, shard, fit, test_from, chunk, cfg.horizon_h, cfg.every_s)
 
 
-def failures_of(table: pa.Table, mask: np.ndarray, *, before: np.datetime64 | None = None
-                ) -> list[M.Failure]:
-    """Distinct (node, failure time) the rows in ``mask`` look ahead to, with their mode
-    (only failures before ``before`` when given)."""
+def failures_of(table: pa.Table, mask: np.ndarray | None = None, *,
+                before: np.datetime64 | None = None) -> list[M.Failure]:
+    """Distinct (node, failure time) the rows in ``mask`` (default: all) look ahead to, with
+    their mode (only failures before ``before`` when given)."""
+    if table.num_rows == 0 or "node_label" not in table.column_names:
+        return []
+    if mask is None:
+        mask = np.ones(table.num_rows, dtype=bool)
     return T._failures(table, mask, before=before)
 
 
@@ -165,46 +194,62 @@ def node_scores(table: pa.Table, mask: np.ndarray, p: np.ndarray,
     return NodeScores(g.ts, g.node, g.risk(p), g.any(T._bool(sub, "node_label")), g.any(kmask))
 
 
-def _rows(fleets: Sequence[Fleet], mask: str) -> pa.Table:
-    """The rows of every shard selected by its mask ``mask`` ("train_m", ...), together."""
-    return pa.concat_tables([f.table.filter(pa.array(getattr(f, mask))) for f in fleets])
+def _joined(parts: Sequence[NodeScores]) -> NodeScores:
+    return NodeScores(*(np.concatenate([getattr(x, k) for x in parts])
+                        for k in ("ts", "node", "risk", "label", "known")))
+
+
+def _weights(t: pa.Table, negatives: float) -> np.ndarray | None:
+    return t.column(dataset.WEIGHT).to_numpy() if negatives < 1 else None
 
 
 def _fit_model(fleets: Sequence[Fleet], cfg: EvalConfig) -> Any:
-    from fleetcare.models.model import FailureModel
-
-    train, cal = _rows(fleets, "train_m"), _rows(fleets, "cal_m")
-    names = T.model_features(T.feature_columns(train))
-    hyper = {**T.MODEL_DEFAULTS, "monotone_increasing": T.monotone_features(names)}
-    model = FailureModel(horizon_h=cfg.horizon_h, seed=cfg.seed, **hyper)
-    return model.fit(train, T._bool(train, "label"), X_cal=cal, y_cal=T._bool(cal, "label"),
-                     feature_names=names)
+    fit = dataset.FitRows(dataset._concat([f.fit.train for f in fleets]),
+                          dataset._concat([f.fit.cal for f in fleets]),
+                          min(f.fit.negatives for f in fleets))
+    return T.fit_model(fit, horizon_h=cfg.horizon_h, seed=cfg.seed)
 
 
-def _period(fleets: Sequence[Fleet], mask: str, every_s: int
-            ) -> tuple[np.datetime64, np.datetime64]:
-    ts = np.concatenate([f.ts[getattr(f, mask)] for f in fleets])
-    step = np.timedelta64(every_s, "s")
-    return ts.min(), ts.max() + step
+@dataclass
+class TestPeriod:
+    """Every test fleet's scored rows together (node names carry the shard)."""
+    keys: pa.Table
+    p: dict[str, np.ndarray]
+    known: np.ndarray
+    failures: list[M.Failure]
+
+    def scores(self, name: str) -> NodeScores:
+        ones = np.ones(self.keys.num_rows, dtype=bool)
+        return node_scores(self.keys, ones, self.p[name], self.known)
+
+    def period(self, every_s: int) -> tuple[np.datetime64, np.datetime64]:
+        ts = _ts(self.keys)
+        return ts.min(), ts.max() + np.timedelta64(every_s, "s")
 
 
-def _scores(fleets: Sequence[Fleet], mask: str, predict: Callable[[pa.Table], np.ndarray],
-            labeled: str | None = None) -> tuple[NodeScores, np.ndarray]:
-    """Node scores of every shard's ``mask`` rows, together, and the GPU-level p."""
-    parts, ps = [], []
+def _test_period(fleets: Sequence[Fleet], predictors: dict[str, dataset.Predict]
+                 ) -> TestPeriod:
+    parts = [f.test_rows(predictors) for f in fleets]
+    return TestPeriod(
+        dataset._concat([x.keys for x in parts]),
+        {k: np.concatenate([x.p[k] for x in parts]) for k in predictors},
+        np.concatenate([f.known(x.keys) for f, x in zip(fleets, parts, strict=True)]),
+        [y for x in parts for y in failures_of(x.keys)])
+
+
+def _cal_scores(fleets: Sequence[Fleet], predict: dataset.Predict
+                ) -> tuple[NodeScores, pa.Table]:
+    """Node scores over every calibration-period row of the fleets, and those rows' keys."""
+    parts, keys = [], []
     for f in fleets:
-        m = getattr(f, mask)
-        sub = f.table.filter(pa.array(m))
-        p = predict(sub) if sub.num_rows else np.zeros(0)
-        ps.append(p)
-        parts.append(node_scores(f.table, m, p, getattr(f, labeled) if labeled else None))
-    return NodeScores(*(np.concatenate([getattr(x, k) for x in parts])
-                        for k in ("ts", "node", "risk", "label", "known"))), np.concatenate(ps)
-
-
-def _failures(fleets: Sequence[Fleet], mask: str, *, before: np.datetime64 | None = None
-              ) -> list[M.Failure]:
-    return [x for f in fleets for x in failures_of(f.table, getattr(f, mask), before=before)]
+        spill = f.fit.cal_all
+        if spill is None or spill.num_rows == 0:
+            continue
+        s = dataset.score(spill.tables(), {"p": predict})
+        ones = np.ones(s.num_rows, dtype=bool)
+        parts.append(node_scores(s.keys, ones, s.p["p"]))
+        keys.append(s.keys)
+    return _joined(parts), dataset._concat(keys)
 
 
 def _rule(fleets: Sequence[Fleet], fn: Callable[..., B.RuleAlarms], t0: dt.datetime,
@@ -253,26 +298,37 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     if model is None:
         say("training the model")
         model = _fit_model(train, cfg)
-    train_rows = _rows(train, "train_m")
-    names = T.model_features(T.feature_columns(train_rows))
+    negatives = min(f.fit.negatives for f in train)
+    train_rows = dataset._concat([f.fit.train for f in train])
+    names = T.model_features(T.feature_columns(train_rows.drop_columns([dataset.WEIGHT])))
     say("fitting the logistic baseline")
     logit = B.LogisticBaseline(seed=cfg.seed).fit(train_rows, T._bool(train_rows, "label"),
-                                                   feature_names=names)
+                                                   feature_names=names,
+                                                   sample_weight=_weights(train_rows, negatives))
     del train_rows
-    failures = _failures(test, "alarm_m")
-    s_model, p = _scores(test, "alarm_m", lambda t: model.predict_proba(t)[:, 1], "test_m")
+    predictors: dict[str, dataset.Predict] = {
+        "model": lambda t: model.predict_proba(t)[:, 1],
+        "logistic": lambda t: logit.predict_proba(t)[:, 1]}
+    shipped = _shipped_prior(cfg)
+    if shipped is not None:
+        predictors["prior"] = lambda t: shipped[0].predict_proba(t)[:, 1]
+    say("scoring the test period" + (" (model, logistic, fleet prior)" if shipped else ""))
+    tp = _test_period(test, predictors)
+    failures = tp.failures
+    s_model = tp.scores("model")
+    p = tp.p["model"]
     node_days = len(s_model.ts) * cfg.every_s / 86400.0
-    known = np.concatenate([f.test_m[f.alarm_m] for f in test])
-    y_te = np.concatenate([T._bool(f.table, "label")[f.test_m] for f in test])
-    say(f"scoring {len(p)} test rows, {len(failures)} failures")
+    y_te = T._bool(tp.keys, "label")[tp.known] if tp.keys.num_rows else np.zeros(0, bool)
+    say(f"scored {len(p)} test rows, {len(failures)} failures")
     out_model, leads = _method_metrics(s_model, failures, cfg, node_days)
-    out_model["ece"] = M.expected_calibration_error(y_te, p[known])
-    out_model["gpu_pr_auc"] = M.average_precision(y_te, p[known])
-    s_log, _ = _scores(test, "alarm_m", lambda t: logit.predict_proba(t)[:, 1], "test_m")
+    out_model["ece"] = M.expected_calibration_error(y_te, p[tp.known])
+    out_model["gpu_pr_auc"] = M.average_precision(y_te, p[tp.known])
+    s_log = tp.scores("logistic")
     out_log, _ = _method_metrics(s_log, failures, cfg, node_days)
-    out_prior = _prior_metrics(test, failures, cfg, node_days, say)
+    out_prior = (_prior_metrics(tp.scores("prior"), shipped, failures, cfg, node_days)
+                 if shipped is not None else None)
 
-    start, end = _period(test, "alarm_m", cfg.every_s)
+    start, end = tp.period(cfg.every_s)
     t0 = start.astype(dt.datetime).replace(tzinfo=dt.UTC)
     t1 = end.astype(dt.datetime).replace(tzinfo=dt.UTC)
     reactive = _rule(test, B.reactive_xid_from_store, t0, t1)
@@ -285,21 +341,22 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     sim: _SimKnobs = {"horizon_h": cfg.window_h, "min_lead_h": cfg.min_lead_h,
                       "checkpoint_write_h": cfg.checkpoint_write_h}
 
-    def jobs_of(fleets: Sequence[Fleet]) -> list[G.Job]:
-        nodes = sorted({str(n) for f in fleets for n in T._str(f.table, "node")})
+    def jobs_of(keys: pa.Table) -> list[G.Job]:
+        nodes = sorted({str(n) for n in T._str(keys, "node")}) if keys.num_rows else []
         return G.pack_jobs(nodes, cfg.job_sizes, gpus_per_node=cost.gpus_per_node,
                            checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
 
-    cal_jobs = jobs_of(train)
-    s_cal, _ = _scores(train, "cal_alarm_m", lambda t: model.predict_proba(t)[:, 1])
-    c0, c1 = _period(train, "cal_alarm_m", cfg.every_s)
+    s_cal, cal_keys = _cal_scores(train, predictors["model"])
+    cal_jobs = jobs_of(cal_keys)
+    c0 = s_cal.ts.min() if len(s_cal.ts) else start
+    c1 = (s_cal.ts.max() if len(s_cal.ts) else start) + np.timedelta64(cfg.every_s, "s")
     # a scored row reacts to a failure up to one interval after it (rules: at the XID)
     row_grace_h = max(G.REACTION_GRACE_H, cfg.every_s / 3600.0)
     thr, cal_res, _ = G.choose_goodput_threshold(
         s_cal.ts, s_cal.node, G.decision_score(s_cal.node, s_cal.risk, cal_jobs, cost),
-        _failures(train, "cal_alarm_m", before=c1), cal_jobs, cost, c0, c1,
+        failures_of(cal_keys, before=c1), cal_jobs, cost, c0, c1,
         grace_h=row_grace_h, **sim)
-    jobs = jobs_of(test)
+    jobs = jobs_of(tp.keys)
     W = np.timedelta64(int(round(cfg.window_h * 3600)), "s")
     score = G.decision_score(s_model.node, s_model.risk, jobs, cost)
     fc_eps = M.alarm_episodes(s_model.ts, s_model.node, score, thr, W) if np.isfinite(thr) else []
@@ -331,7 +388,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     }
     return {
         "simulated": True,
-        "fleet": describe(test, failures, node_days),
+        "fleet": describe(test, tp.keys, failures, node_days),
         "model": out_model,
         "prior": out_prior,
         "baselines": {"reactive_xid": out_rules["reactive_xid"],
@@ -352,11 +409,8 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     }
 
 
-def _prior_metrics(test: Sequence[Fleet], failures: list[M.Failure], cfg: EvalConfig,
-                   node_days: float, say: Progress) -> dict[str, Any] | None:
-    """The shipped fleet prior on the same test rows, at its own operating threshold
-    (fixed on its validation fleets, nothing tuned here) and at the best threshold within
-    the budget on these rows; None when the package ships no prior."""
+def _shipped_prior(cfg: EvalConfig) -> tuple[Any, dict[str, Any], bytes] | None:
+    """The package's fleet prior (model, meta, bytes) when it predicts at this horizon."""
     from fleetcare.models import prior
     from fleetcare.models.model import FailureModel
 
@@ -365,10 +419,17 @@ def _prior_metrics(test: Sequence[Fleet], failures: list[M.Failure], cfg: EvalCo
     except FileNotFoundError:
         return None
     model = FailureModel.from_bytes(blob)
-    if model.horizon_h != cfg.horizon_h:
-        return None
-    say("scoring the fleet prior")
-    s, _ = _scores(test, "alarm_m", lambda t: model.predict_proba(t)[:, 1], "test_m")
+    return (model, meta, blob) if model.horizon_h == cfg.horizon_h else None
+
+
+def _prior_metrics(s: NodeScores, shipped: tuple[Any, dict[str, Any], bytes], failures: list[M.Failure],
+                   cfg: EvalConfig, node_days: float) -> dict[str, Any]:
+    """The shipped fleet prior on the same test rows (``s``), at its own operating
+    threshold (fixed on its validation fleets, nothing tuned here) and at the best
+    threshold within the budget on these rows."""
+    from fleetcare.models import prior
+
+    _model, meta, blob = shipped
     out, _ = _method_metrics(s, failures, cfg, node_days)
     grace = np.timedelta64(cfg.every_s, "s")
     W = np.timedelta64(int(round(cfg.window_h * 3600)), "s")
@@ -383,11 +444,11 @@ def _prior_metrics(test: Sequence[Fleet], failures: list[M.Failure], cfg: EvalCo
     return out
 
 
-def describe(test: Sequence[Fleet], failures: Sequence[M.Failure], node_days: float
-             ) -> dict[str, Any]:
+def describe(test: Sequence[Fleet], keys: pa.Table, failures: Sequence[M.Failure],
+             node_days: float) -> dict[str, Any]:
     """What every figure of the report stands on: the fleet, its data, its failures."""
-    nodes = {str(n) for f in test for n in T._str(f.table, "node")}
-    gpus = {str(g) for f in test for g in T._str(f.table, "gpu_uuid")}
+    nodes = set(pc.unique(keys.column("node")).to_pylist()) if keys.num_rows else set()
+    gpus = set(pc.unique(keys.column("gpu_uuid")).to_pylist()) if keys.num_rows else set()
     notes = [f.store.get_meta("simulation") for f in test if hasattr(f.store, "get_meta")]
     by_mode = failures_by_mode(failures)
     return {"nodes": len(nodes), "gpus": len(gpus), "test_node_days": round(node_days, 1),
@@ -402,9 +463,21 @@ def _shards(stores: Any | Sequence[Any]) -> list[Any]:
 
 def _load(stores: list[Any], cfg: EvalConfig, say: Progress, *, whole: bool = False
           ) -> list[Fleet]:
+    """Every shard's ``Fleet``, healthy rows sampled at one share for all of them (the fit
+    takes at most ``dataset.MAX_FIT_ROWS`` over the shards together)."""
+    from fleetcare.pipeline import features
+
     many = len(stores) > 1
-    return [load_fleet(st, cfg, whole=whole, say=say, shard=f"{i}/" if many else "")
-            for i, st in enumerate(stores)]
+    rows = 0
+    for st in stores:
+        features.refresh(st)
+        start, hi, _n = _grid(st, cfg)
+        frac = 0.8 if whole else T.TRAIN_FRACTION + T.CAL_FRACTION
+        rows += dataset.fleet_gpus(st) * int((hi - start) * frac
+                                             / dt.timedelta(seconds=cfg.every_s))
+    negatives = dataset.negatives_for(rows)
+    return [load_fleet(st, cfg, whole=whole, say=say, shard=f"{i}/" if many else "",
+                       negatives=negatives) for i, st in enumerate(stores)]
 
 
 def evaluate_store(store: Any | Sequence[Any], cfg: EvalConfig | None = None, *,

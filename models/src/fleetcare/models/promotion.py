@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from fleetcare.models import registry, training
 from fleetcare.models.model import FailureModel
@@ -126,7 +127,7 @@ def evaluate_on_period(store: Store, models: dict[str, FailureModel], start: dt.
     ``(ts, ts + H]`` runs past the last telemetry are left out (their label is not known
     yet), as in training.
     """
-    from fleetcare.pipeline import features, labels
+    from fleetcare.models import dataset
 
     say = progress or (lambda _msg: None)
     hi = store.raw.bounds(store.cursor())[1]
@@ -135,19 +136,28 @@ def evaluate_on_period(store: Store, models: dict[str, FailureModel], start: dt.
     if origin is not None and origin < start:
         steps = -(-(start - origin) // dt.timedelta(seconds=every_s))  # ceil
         start = origin + steps * dt.timedelta(seconds=every_s)
-    say(f"features {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} every {every_s}s")
-    table = labels.attach_labels(store, features.gpu_features(store, start, end,
-                                                              every_s=every_s),
-                                 horizon_h=horizon_h)
-    ts = training.ts_column(table)
+    gpus = dataset.fleet_gpus(store)
+    say(f"features {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} every {every_s}s; "
+        f"scoring {', '.join(models)}")
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
-    mask = (ts >= _np_ts(start)) & (ts <= _np_ts(end)) & (ts + H <= _np_ts(hi))
-    out = {}
-    for name, model in models.items():
-        say(f"scoring {name} on {int(mask.sum())} rows")
-        out[name] = training.evaluate(model, table, mask, horizon_h=horizon_h, every_s=every_s,
-                                      feature_names=model.feature_names_in_)
-    return out
+
+    def known(t: pa.Table) -> np.ndarray:
+        return np.asarray(training.ts_column(t) + H <= _np_ts(hi), dtype=bool)
+
+    scored = dataset.score(
+        dataset.chunks(store, start, end, every_s=every_s, horizon_h=horizon_h,
+                       chunk=dataset.chunk_for(gpus, every_s), say=say,
+                       names=sorted({n for m in models.values() for n in m.feature_names_in_})),
+        {name: _predictor(model) for name, model in models.items()},
+        keep=known)
+    every = np.ones(scored.num_rows, dtype=bool)
+    return {name: training.evaluate_scored(scored.keys, scored.p[name], every,
+                                           horizon_h=horizon_h, every_s=every_s)
+            for name in models}
+
+
+def _predictor(model: FailureModel) -> Callable[[pa.Table], np.ndarray]:
+    return lambda t: model.predict_proba(t)[:, 1]
 
 
 def consider(store: Store, new_model_id: str, *, force: bool = False,

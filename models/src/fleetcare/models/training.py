@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,6 +231,13 @@ def _failures(table: pa.Table, mask: np.ndarray, *, before: np.datetime64 | None
     return [M.Failure(n, f, m) for (n, f), m in sorted(seen.items())]
 
 
+def failures_in(table: pa.Table) -> list[M.Failure]:
+    """The node failures any row of ``table`` looks ahead to (``_failures``)."""
+    if table.num_rows == 0 or "node_label" not in table.column_names:
+        return []
+    return _failures(table, np.ones(table.num_rows, dtype=bool))
+
+
 def aftermath(table: pa.Table, hours: float = AFTERMATH_H) -> np.ndarray:
     """Rows of a node in ``(f, f + hours]`` after one of its failures ``f``.
 
@@ -263,27 +270,37 @@ def aftermath(table: pa.Table, hours: float = AFTERMATH_H) -> np.ndarray:
 def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_h: float,
              every_s: int, feature_names: Sequence[str], labeled: np.ndarray | None = None,
              window_h: float = M.WINDOW_H) -> dict[str, Any]:
-    """Held-out metrics of ``model`` on the rows of ``table`` selected by ``mask``.
-
-    Alarms use every row in ``mask`` and are judged over ``window_h``; row-level metrics
-    (PR-AUC, calibration) use only the rows in ``labeled`` (default: all of ``mask``),
-    those whose label horizon ends inside the data.
-    """
+    """Held-out metrics of ``model`` on the rows of ``table`` selected by ``mask``
+    (``evaluate_scored``); ``labeled`` defaults to all of ``mask``."""
     labeled = mask if labeled is None else labeled & mask
     test = table.filter(pa.array(mask))
     p = model.predict_proba(test)[:, 1] if test.num_rows else np.zeros(0)
-    known = labeled[mask]
-    y = _bool(test, "label")
-    ts, node = ts_column(test), _str(test, "node")
+    return evaluate_scored(test, p, labeled[mask], horizon_h=horizon_h, every_s=every_s,
+                           window_h=window_h)
+
+
+def evaluate_scored(keys: pa.Table, p: np.ndarray, labeled: np.ndarray, *, horizon_h: float,
+                    every_s: int, window_h: float = M.WINDOW_H) -> dict[str, Any]:
+    """Held-out metrics of the GPU probabilities ``p`` of the rows ``keys`` (ts, node,
+    labels: ``dataset.Scored``).
+
+    Alarms use every row and are judged over ``window_h``; row-level metrics (PR-AUC,
+    calibration) use only the rows in ``labeled``, those whose label horizon ends inside
+    the data.
+    """
+    known = np.asarray(labeled, dtype=bool)
+    y = _bool(keys, "label") if keys.num_rows else np.zeros(0, dtype=bool)
+    ts = ts_column(keys) if keys.num_rows else np.zeros(0, "datetime64[us]")
+    node = _str(keys, "node") if keys.num_rows else np.zeros(0, dtype=object)
     g = M.node_groups(ts, node)
     # node_label per (ts, node): any GPU row of the node says so (they agree by definition)
-    node_label = g.any(_bool(test, "node_label"))
+    node_label = g.any(_bool(keys, "node_label") if keys.num_rows else y)
     node_known = g.any(known)  # depends on ts only: any GPU row = all
     node_days = len(g.ts) * every_s / 86400.0
-    failures = _failures(table, mask)
+    failures = failures_in(keys)
     out = M.node_metrics(g.ts, g.node, g.risk(p), node_label, failures, window_h, node_days,
                          labeled=node_known, grace=np.timedelta64(every_s, "s"))
-    y, p = y[known], p[known]
+    y, p = y[known], np.asarray(p)[known]
     out.update({
         "horizon_h": horizon_h,
         "gpu_pr_auc": M.average_precision(y, p),
@@ -297,49 +314,87 @@ def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_
     return out
 
 
+def fit_model(fit: Any, *, horizon_h: float, seed: int,
+              params: dict[str, Any] | None = None) -> FailureModel:
+    """The booster (``MODEL_DEFAULTS``, monotone error counters) fitted on ``fit.train`` and
+    calibrated on ``fit.cal`` (``dataset.FitRows``); their ``weight`` is used when healthy
+    rows were sampled."""
+    from fleetcare.models import dataset
+
+    train, cal = fit.train, fit.cal
+    names = model_features(feature_columns(train.drop_columns([dataset.WEIGHT])))
+    hyper: dict[str, Any] = {**MODEL_DEFAULTS, "monotone_increasing": monotone_features(names)}
+    model = FailureModel(horizon_h=horizon_h, seed=seed, **{**hyper, **(params or {})})
+    weighted = fit.negatives < 1
+    return model.fit(train, _bool(train, "label"), X_cal=cal, y_cal=_bool(cal, "label"),
+                     feature_names=names,
+                     sample_weight=train.column(dataset.WEIGHT).to_numpy() if weighted else None,
+                     cal_weight=cal.column(dataset.WEIGHT).to_numpy() if weighted else None)
+
+
+def _fit_and_score(fit_tables: Iterable[pa.Table], test_tables: Iterable[pa.Table],
+                   splits: Splits, *, failures: Sequence[M.Failure], total_failures: int,
+                   negatives: float, horizon_h: float, seed: int, every_s: int,
+                   label_end: dt.datetime, params: dict[str, Any] | None, say: Progress,
+                   window_h: float, min_failures: int) -> tuple[FailureModel, dict[str, Any]]:
+    """The core of ``train`` and ``fit_and_evaluate``: fit rows from ``fit_tables``
+    (``dataset.fit_rows``), the model, then the test period's rows from ``test_tables``
+    scored one table at a time (``dataset.score``) and measured (``evaluate_scored``)."""
+    from fleetcare.models import dataset
+
+    H = np.timedelta64(int(round(horizon_h * 3600)), "s")
+    b0, b1, b2 = _np_ts(splits.start), _np_ts(splits.cal_start), _np_ts(splits.test_start)
+    end, last = _np_ts(splits.end), _np_ts(label_end)
+    fit = dataset.fit_rows(fit_tables, cal_start=b1, test_start=b2, horizon=H,
+                           failures=failures, negatives=negatives, seed=seed, start=b0)
+    n_train, n_cal = len(failures_in(fit.train)), len(failures_in(fit.cal))
+    if n_train < min_failures:
+        raise NotEnoughFailures(n_train, n_cal, total_failures, min_failures)
+    y_train = _bool(fit.train, "label")
+    share = "" if negatives >= 1 else f", healthy rows sampled at {negatives:.3f}"
+    say(f"fitting on {fit.train.num_rows} rows ({int(y_train.sum())} positive{share})")
+    model = fit_model(fit, horizon_h=horizon_h, seed=seed, params=params)
+    say(f"calibrated ({model.calibrator_['kind']}) on {fit.cal.num_rows} rows "
+        f"({model.n_cal_positives_} positive); evaluating on the test period")
+
+    def in_test(t: pa.Table) -> np.ndarray:
+        ts = ts_column(t)
+        return (ts >= b2) & (ts <= end)
+
+    scored = dataset.score(test_tables, {"model": lambda t: model.predict_proba(t)[:, 1]},
+                           keep=in_test)
+    ts = ts_column(scored.keys) if scored.num_rows else np.zeros(0, "datetime64[us]")
+    metrics = evaluate_scored(scored.keys, scored.p["model"], np.asarray(ts + H <= last),
+                              horizon_h=horizon_h, every_s=every_s, window_h=window_h)
+    metrics.update({
+        "calibration": model.calibrator_["kind"],
+        "train_rows": fit.train.num_rows, "train_positives": int(y_train.sum()),
+        "cal_rows": fit.cal.num_rows, "cal_positives": int(_bool(fit.cal, "label").sum()),
+        "healthy_rows_sampled": M.json_float(negatives),
+    })
+    return model, metrics
+
+
 def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0,
                      seed: int = 0, every_s: int = 3600, label_end: dt.datetime | None = None,
                      params: dict[str, Any] | None = None, progress: Progress | None = None,
                      window_h: float = M.WINDOW_H, min_failures: int = 1,
-                     ) -> tuple[FailureModel, dict[str, Any]]:
-    """Fit on train, calibrate on cal, measure on test: the store-free core of ``train``.
+                     negatives: float = 1.0) -> tuple[FailureModel, dict[str, Any]]:
+    """Fit on train, calibrate on cal, measure on test: ``train`` on a table in memory.
 
     ``NotEnoughFailures`` when the training period holds fewer than ``min_failures``.
 
     ``table`` holds features (``KEY_COLUMNS`` + float features) and labels
-    (``labels.attach_labels``) on a time grid.
+    (``labels.attach_labels``) on a time grid; the failures are those its labels look
+    ahead to.
     """
-    say = progress or (lambda _msg: None)
-    names = model_features(feature_columns(table))
-    ts = ts_column(table)
-    H = np.timedelta64(int(round(horizon_h * 3600)), "s")
-    b0, b1, b2 = _np_ts(splits.start), _np_ts(splits.cal_start), _np_ts(splits.test_start)
-    last = _np_ts(label_end or splits.end)
-    fit_m = ~aftermath(table)
-    train_m = (ts >= b0) & (ts + H <= b1) & fit_m
-    cal_m = (ts >= b1) & (ts + H <= b2) & fit_m
-    test_m = (ts >= b2) & (ts + H <= last) & (ts <= _np_ts(splits.end))
-    alarm_m = (ts >= b2) & (ts <= _np_ts(splits.end))  # alarms need no label
-    y = _bool(table, "label")
-    n_train, n_cal = len(_failures(table, train_m)), len(_failures(table, cal_m))
-    if n_train < min_failures:
-        raise NotEnoughFailures(n_train, n_cal, len(_failures(table, alarm_m | train_m | cal_m)),
-                                min_failures)
-    say(f"fitting on {int(train_m.sum())} rows ({int(y[train_m].sum())} positive)")
-    hyper: dict[str, Any] = {**MODEL_DEFAULTS, "monotone_increasing": monotone_features(names)}
-    model = FailureModel(horizon_h=horizon_h, seed=seed, **{**hyper, **(params or {})})
-    model.fit(table.filter(pa.array(train_m)), y[train_m],
-              X_cal=table.filter(pa.array(cal_m)), y_cal=y[cal_m], feature_names=names)
-    say(f"calibrated ({model.calibrator_['kind']}) on {int(cal_m.sum())} rows "
-        f"({model.n_cal_positives_} positive); evaluating on {int(test_m.sum())} rows")
-    metrics = evaluate(model, table, alarm_m, horizon_h=horizon_h, every_s=every_s,
-                       feature_names=names, labeled=test_m, window_h=window_h)
-    metrics.update({
-        "calibration": model.calibrator_["kind"],
-        "train_rows": int(train_m.sum()), "train_positives": int(y[train_m].sum()),
-        "cal_rows": int(cal_m.sum()), "cal_positives": int(y[cal_m].sum()),
-    })
-    return model, metrics
+    failures = failures_in(table)
+    return _fit_and_score([table], [table], splits, failures=failures,
+                          total_failures=len(failures), negatives=negatives,
+                          horizon_h=horizon_h, seed=seed, every_s=every_s,
+                          label_end=label_end or splits.end, params=params,
+                          say=progress or (lambda _msg: None), window_h=window_h,
+                          min_failures=min_failures)
 
 
 def _telemetry_range(store: Store) -> tuple[dt.datetime, dt.datetime]:
@@ -364,10 +419,12 @@ def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
     ``NotEnoughFailures`` (a ``TrainError``) when the training period holds fewer than
     ``min_failures`` node failures.
     """
-    from fleetcare.pipeline import features, labels
+    from fleetcare.models import dataset
+    from fleetcare.pipeline import features
 
     say = progress or (lambda _msg: None)
     lo, hi = _telemetry_range(store)
+    features.refresh(store)  # the chunks read the rollups
     start = start or lo + WARMUP
     end = end or hi
     if end <= start:
@@ -375,15 +432,26 @@ def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
                          f"holds telemetry from {lo} to {hi}, and the first {WARMUP} are "
                          "warm-up (features need that much history): train once it holds "
                          "more")
-    say(f"features {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} every {every_s}s")
-    feats = features.gpu_features(store, start, end, every_s=every_s)
-    say(f"labels for {feats.num_rows} rows, horizon {horizon_h} h")
-    table = labels.attach_labels(store, feats, horizon_h=horizon_h)
     splits = Splits.of(start, end)
-    model, metrics = fit_and_evaluate(table, splits, horizon_h=horizon_h, seed=seed,
-                                      every_s=every_s, label_end=hi, params=params,
-                                      progress=progress, min_failures=min_failures)
-    log.info("model.trained rows=%d pr_auc=%s recall_at_budget=%s", table.num_rows,
+    step = dt.timedelta(seconds=every_s)
+    n_fit = -(-(splits.test_start - start) // step)  # grid times before the test period
+    test_from = start + n_fit * step
+    gpus = dataset.fleet_gpus(store)
+    chunk = dataset.chunk_for(gpus, every_s)
+    negatives = dataset.negatives_for(gpus * n_fit)
+    failures = dataset.fleet_failures(store)
+    say(f"features {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} every {every_s}s, "
+        f"{gpus} GPUs, labels at horizon {horizon_h} h, {chunk} at a time")
+    fit_tables = dataset.chunks(store, start, test_from - step, every_s=every_s,
+                                horizon_h=horizon_h, chunk=chunk, say=say)
+    test_tables = (dataset.chunks(store, test_from, end, every_s=every_s, horizon_h=horizon_h,
+                                  chunk=chunk, say=say) if test_from <= end else iter(()))
+    model, metrics = _fit_and_score(fit_tables, test_tables, splits, failures=failures,
+                                    total_failures=len(failures), negatives=negatives,
+                                    horizon_h=horizon_h, seed=seed, every_s=every_s,
+                                    label_end=hi, params=params, say=say,
+                                    window_h=M.WINDOW_H, min_failures=min_failures)
+    log.info("model.trained rows=%d pr_auc=%s recall_at_budget=%s", metrics["train_rows"],
              metrics.get("pr_auc"), metrics.get("recall_at_budget"))
     if not register:
         return TrainResult(None, metrics, model)
