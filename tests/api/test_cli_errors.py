@@ -147,3 +147,9 @@ def test_credentials_in_urls_never_printed(tmp_path: Path) -> None:
 def test_a_bad_log_level_is_a_usage_error(dbs: dict[str, Path]) -> None:
     one_line(run("--log-level", "loud", "score", "--db", str(dbs["healthy"])), 2,
              "fleetcare: error: --log-level 'loud' is not one of debug, info, warning, error")
+
+
+def test_a_duckdb_memory_limit_that_is_not_a_size(dbs: dict[str, Path]) -> None:
+    line = one_line(run("train", "--db", str(dbs["healthy"]),
+                        env={"FLEETCARE_CLI_DUCKDB_MEMORY": "lots"}), 1, "fleetcare train: ")
+    assert "DuckDB memory limit 'lots' is not a size" in line and "4GB" in line

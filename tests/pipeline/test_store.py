@@ -76,3 +76,19 @@ def test_naive_and_aware_timestamps_land_as_utc(tmp_path: Path) -> None:
     aware = dt.datetime(2026, 3, 1, 14, 0, tzinfo=dt.timezone(dt.timedelta(hours=2)))
     store.insert_sample_records([sample(ts=aware)])
     assert store.cursor().execute("SELECT ts FROM telemetry").fetchone()[0] == dt.datetime(2026, 3, 1, 12, 0)
+
+
+def test_memory_limit_caps_duckdb_and_a_bad_one_says_how_to_fix_it(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    from fleetcare.pipeline import store as store_mod
+
+    def limit(s: Store) -> str:
+        return s.cursor().execute("SELECT current_setting('memory_limit')").fetchone()[0]
+
+    with Store(tmp_path / "a.duckdb", memory_limit="1GB") as s:
+        assert limit(s) in ("953.6 MiB", "1.0 GB", "1000.0 MB")
+    monkeypatch.setattr(store_mod, "MEMORY_LIMIT", "512MB")  # what the CLI sets
+    with Store(tmp_path / "b.duckdb") as s:
+        assert limit(s) in ("488.2 MiB", "512.0 MB")
+    with pytest.raises(StoreError, match="FLEETCARE_CLI_DUCKDB_MEMORY"):
+        Store(tmp_path / "c.duckdb", memory_limit="lots")

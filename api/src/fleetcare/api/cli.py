@@ -109,6 +109,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"log format {log_format!r} ([cli] log_format, FLEETCARE_CLI_LOG_FORMAT) "
                      f"is not one of {', '.join(LOG_FORMATS)}")
     setup_logging(level, log_format)
+    from fleetcare.pipeline import store
+
+    store.MEMORY_LIMIT = cfg.duckdb_memory
     try:
         return int(_plugins()[args.command].run(args, cfg))
     except KeyboardInterrupt:

@@ -144,6 +144,12 @@ def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.
     return pa.Table.from_arrays(arrays, schema=arrow)
 
 
+MEMORY_LIMIT: str | None = None
+"""DuckDB's ``memory_limit`` for every ``Store`` opened without one (None: DuckDB's default,
+80 % of RAM). The CLI sets it from ``[cli] duckdb_memory`` / ``FLEETCARE_CLI_DUCKDB_MEMORY``;
+past it DuckDB spills to its temporary directory."""
+
+
 class Store:
     """One DuckDB database. ``cursor()`` gives a thread its own connection handle.
 
@@ -152,13 +158,22 @@ class Store:
     (``fleetcare.pipeline.lake_feed.open_state``)."""
 
     def __init__(self, path: str | Path, *, read_only: bool = False,
-                 raw: RawTelemetry | None = None) -> None:
+                 raw: RawTelemetry | None = None, memory_limit: str | None = None) -> None:
         self.path = str(path)
         self.raw: RawTelemetry = raw if raw is not None else TableTelemetry()
         try:
             self.con = duckdb.connect(self.path, read_only=read_only)
         except (duckdb.IOException, duckdb.InvalidInputException) as exc:
             raise StoreError(self.path, open_error_hint(self.path, exc)) from None
+        limit = memory_limit if memory_limit is not None else MEMORY_LIMIT
+        if limit:
+            try:
+                self.con.execute(f"SET memory_limit = '{limit}'")
+            except duckdb.Error as exc:
+                self.con.close()
+                raise StoreError(self.path, f"DuckDB memory limit {limit!r} is not a size "
+                                 f"({exc}); give one like '4GB' ([cli] duckdb_memory, "
+                                 "FLEETCARE_CLI_DUCKDB_MEMORY)") from None
         self._lock = threading.RLock()
         self.nic_rows_added = 0
         """Rows ``insert_batches`` added to ``nic_telemetry`` (its return value predates

@@ -156,6 +156,9 @@ class Settings(KafkaSecurityConfig):
     topic_prefix: str | None = None
     # the API: the largest request body it reads (larger: 413)
     max_body_bytes: int = 1 << 20
+    # DuckDB's memory limit for every database a command opens ("4GB"; default DuckDB's own,
+    # 80 % of RAM); past it DuckDB spills to disk
+    duckdb_memory: str | None = None
 
 
 # -- output ---------------------------------------------------------------------------------
