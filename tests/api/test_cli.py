@@ -176,7 +176,7 @@ def test_serve_answers_over_http(small_db: Path) -> None:
         assert run("score", "--db", str(small_db)).returncode == 0
     port = _free_port()
     proc = subprocess.Popen([*FLEETCARE, "serve", "--db", str(small_db), "--port", str(port),
-                             "--no-auth"],
+                             "--no-auth", "--no-event-rescore"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 60
@@ -197,6 +197,9 @@ def test_serve_answers_over_http(small_db: Path) -> None:
         assert detail.status_code == 200
         assert httpx.get(f"http://127.0.0.1:{port}/v1/nodes/nope", timeout=10).status_code == 404
         assert httpx.get(f"http://127.0.0.1:{port}/v1/model", timeout=10).status_code == 200
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        assert "fleetcare_rescore_on_events 0" in text  # --no-event-rescore below
+        assert "fleetcare_event_rescores_total 0" in text
     finally:
         proc.terminate()
         proc.wait(30)

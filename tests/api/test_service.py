@@ -241,6 +241,12 @@ def test_an_urgent_batch_rescores_at_once_not_at_the_next_cycle(tmp_path: Path) 
         wait_for(lambda: svc.scores > scored, "the GSP warning did not rescore the node")
         assert svc.event_rescores == 1
         assert "XID 119" in svc.urgent.why["node-00001"]
+        from fleetcare.collectors.agent_metrics import exposition
+
+        text = exposition(svc.families())  # what /metrics shows
+        assert "fleetcare_event_rescores_total 1" in text
+        assert "fleetcare_rescore_on_events 1" in text
+        assert "fleetcare_ingest_samples_total" in text
     finally:
         svc.stop()
 

@@ -41,6 +41,7 @@ from fleetcare.models import prior, scoring
 from fleetcare.pipeline import features, incidents, retention
 from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
+from fleetcare.collectors.agent_metrics import Family
 from fleetcare.pipeline.urgent import UrgentSignals
 from fleetcare.pipeline.validate import RecordValidator
 
@@ -151,6 +152,19 @@ class Service:
         return scoring.explain_floor_for(
             self.alerts.config.threshold if self.alerts is not None else None,
             self.drains.cost.break_even_risk() if self.drains is not None else None)
+
+    def families(self) -> list[Family]:
+        """Prometheus families of the running service: the ingest worker's counters and
+        event scoring (``/metrics``)."""
+        fams = list(self.worker.families()) if self.worker is not None else []
+        fams.append(Family("fleetcare_event_rescores_total", "counter",
+                           "Scoring cycles started early because a batch landed an urgent "
+                           "signal (warning/fatal XID, new uncorrectable error, link down).",
+                           [({}, self.event_rescores)]))
+        fams.append(Family("fleetcare_rescore_on_events", "gauge",
+                           "1 when urgent signals rescore at once (serve's default), 0 with "
+                           "--no-event-rescore.", [({}, int(self.rescore_on_events))]))
+        return fams
 
     def on_landed(self, batches: list[Batch]) -> None:
         """The ingest worker's hook: wake the scorer for nodes with urgent news."""

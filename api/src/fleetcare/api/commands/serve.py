@@ -60,14 +60,14 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
                   score_every_s=args.score_every,
                   alerts=AlertEngine.from_config(store, load_config(args.config),
                                                  node_labels=queries.labels_reader(store)),
-                  drains=drains)
+                  drains=drains, rescore_on_events=not args.no_event_rescore)
     log.info("serve.started db=%s source=%s", store.path, mask_secrets(
         args.bus or (f"lake {args.lake}" if args.lake else "none (scoring only)")))
     svc.start()
     try:
         serve(create_app(store, auth=not args.no_auth, drains=drains,
                          max_body_bytes=cfg.max_body_bytes,
-                         ingest=lambda: w.families() if (w := svc.worker) else []),
+                         ingest=svc.families),
               host=host, port=listen)
     finally:
         svc.stop()
@@ -137,6 +137,10 @@ def add_parser(subparsers: Any) -> None:
                         "dry-run unless --drain-execute")
     v.add_argument("--drain-execute", action="store_true",
                    help="really drain (scontrol / cordon+taint); default: audit only")
+    v.add_argument("--no-event-rescore", action="store_true",
+                   help="rescore only on the --score-every period; by default a batch with "
+                        "an urgent signal (warning or fatal XID, new uncorrectable error, "
+                        "link down) rescores its node within seconds")
     v.add_argument("--no-auth", action="store_true",
                    help="accept requests without a bearer token (loopback addresses only)")
     v.add_argument("--log-format", choices=LOG_FORMATS, default=None,
