@@ -55,6 +55,7 @@ def serve_app() -> Iterator[Callable[..., httpx.Client]]:
 
     def start(store: Store, **kwargs: Any) -> httpx.Client:
         kwargs.setdefault("auth", False)
+        kwargs.setdefault("freshness_s", 0.0)  # these tests write, then read at once
         server, thread = start_server_thread(create_app(store, **kwargs))
         client = httpx.Client(base_url=f"http://127.0.0.1:{bound_port(server)}", timeout=10)
         running.append((server, thread, client))

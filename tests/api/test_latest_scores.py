@@ -158,7 +158,7 @@ def paused(tmp_path) -> Iterator[PausingStore]:
 
 def serve(store: Store, running: list) -> tuple[httpx.Client, object]:
     """A live server of a new app over ``store`` (auth off), and the app."""
-    app = create_app(store, auth=False)
+    app = create_app(store, auth=False, freshness_s=0.0)
     server, thread = start_server_thread(app)
     client = httpx.Client(base_url=f"http://127.0.0.1:{bound_port(server)}", timeout=10)
     running.append((server, thread, client))

@@ -66,7 +66,7 @@ def _sample_strategy() -> st.SearchStrategy[GpuSample]:
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     store = Store(tmp_path_factory.mktemp("roundtrip") / "fleet.duckdb")
-    server, thread = start_server_thread(create_app(store, auth=False))
+    server, thread = start_server_thread(create_app(store, auth=False, freshness_s=0.0))
     client = httpx.Client(base_url=f"http://127.0.0.1:{bound_port(server)}", timeout=10)
     yield store, client
     client.close()

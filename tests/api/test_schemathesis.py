@@ -73,7 +73,7 @@ def _fill(store: Store) -> None:
 def live_api(tmp_path_factory: Any) -> Iterator[tuple[str, str]]:
     store = Store(tmp_path_factory.mktemp("schemathesis") / "fleet.duckdb")
     token, _ = auth.create_token(store.cursor(), "admin", name="schemathesis")
-    app = create_app(store)  # auth on; creates the API's tables
+    app = create_app(store, freshness_s=0.0)  # auth on; creates the API's tables
     _fill(store)
     server, thread = start_server_thread(app)
     yield f"http://127.0.0.1:{bound_port(server)}", token

@@ -70,6 +70,7 @@ from fastapi.responses import JSONResponse, Response
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import queries, sessions
+from fleetcare.api.latest_samples import LatestSamples
 from fleetcare.api.latest_scores import LatestScores
 from fleetcare.api.request_bounds import DEFAULT_MAX_BODY_BYTES, BodyLimit, excerpt
 from fleetcare.api.routers import docs, nodes, operations, risk, service, tokens, web
@@ -220,7 +221,8 @@ def _start_latest_scores(store: Store, latest: LatestScores) -> None:
 def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = time.time,
                simulated: bool | None = None, drains: Any = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
-               ingest: Callable[[], Iterable[Family]] | None = None) -> FastAPI:
+               ingest: Callable[[], Iterable[Family]] | None = None,
+               freshness_s: float = 1.0) -> FastAPI:
     """The API over ``store``.
 
     ``drains``: the service's ``DrainController``, for ``POST /v1/drains/{node}/clear``
@@ -234,7 +236,10 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
     tests). ``clock`` gives "now" in Unix seconds (the age of the newest score);
     ``simulated`` forces the SIMULATED flag, else it is read per request from
     ``meta.data_source``. ``max_body_bytes``: larger request bodies get 413
-    (``request_bounds.BodyLimit``).
+    (``request_bounds.BodyLimit``). ``freshness_s``: how long what changes rarely is
+    served from memory before it is checked again (the latest scores' and labels' version,
+    the tables, the SIMULATED flag, each GPU's newest sample): writes made outside this
+    process show within it; 0 checks on every request (tests that write, then read).
     """
     version = _version()
     app = FastAPI(
@@ -252,7 +257,9 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
     app.state.token_cache = _auth.TokenCache()
     app.state.query_names = {}
     app.state.ctx = ctx = AppContext(store=store, version=version, clock=clock,
-                                     simulated=simulated, drains=drains, ingest=ingest)
+                                     simulated=simulated, drains=drains, ingest=ingest,
+                                     latest=LatestScores(check_s=freshness_s),
+                                     samples=LatestSamples(refresh_s=freshness_s))
     _ensure_api_tables(store, auth)
     _start_latest_scores(store, ctx.latest)
     docs.mount(app)

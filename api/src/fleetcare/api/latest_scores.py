@@ -13,13 +13,14 @@ It is rebuilt
 - right after each scoring run of this process commits (``scoring.on_written``), in the
   scorer's thread, so requests do not pay for it;
 - when a request finds ``scoring.scores_version`` (one cheap query: rows of both score
-  tables, newest ts) differs from the snapshot's: a write made some other way (a
-  fixture, a repair by hand) is seen by the next request, as before the snapshot. Only a
-  rewrite of the same rows in place by something other than the scorer goes unseen;
+  tables, newest ts) differs from the snapshot's, checked at most every ``check_s``
+  (1 s; every request with 0): a write made some other way (a fixture, a repair by hand)
+  is seen within a second. Only a rewrite of the same rows in place by something other
+  than the scorer goes unseen;
 - on first use (the service's start).
 
 The node labels (``node_labels``, the API's own table) are held the same way, checked
-per request against ``queries.labels_version`` (rows, newest update, and this process's
+(at most every ``check_s``) against ``queries.labels_version`` (rows, newest update, and this process's
 count of ``set_labels`` calls). The GPU-model filter reads ``gpu_scores`` per request, as
 before (its meaning is any GPU the node has had scored, not only the latest).
 """
@@ -28,8 +29,10 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
 import threading
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,11 +93,21 @@ class Labels:
 class LatestScores:
     """The app's in-memory latest scores and labels (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, check_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self._snapshot: Snapshot | None = None
         self._labels: Labels | None = None
         self._building = threading.Lock()
         self.builds = 0
+        self.check_s = check_s
+        """Seconds a checked snapshot (and the labels) is served without checking again:
+        the version queries cost more than the rest of a request."""
+        self.clock = clock
+        self._scores_checked = -math.inf
+        self._labels_checked = -math.inf
+
+    def _due(self, last: float) -> bool:
+        return self.check_s <= 0 or self.clock() - last >= self.check_s
 
     @property
     def snapshot(self) -> Snapshot | None:
@@ -124,27 +137,37 @@ class LatestScores:
                 return snap
             snap = build(cur)
             self._snapshot = snap  # the swap: one reference assignment
+            self._scores_checked = self.clock()
             self.builds += 1
             log.debug("api.latest_scores_built nodes=%d version=%s", len(snap.ranked),
                       snap.version)
             return snap
 
     def current(self, cur: Cursor) -> Snapshot:
-        """The snapshot, checked against the score tables (one cheap query, no lock)."""
+        """The snapshot, checked against the score tables (one cheap query, no lock) when
+        the last check is ``check_s`` old."""
         snap = self._snapshot
+        if snap is not None and not self._due(self._scores_checked):
+            return snap
         if snap is not None and snap.version == scoring.scores_version(cur):
+            self._scores_checked = self.clock()
             return snap
         return self.refresh(cur)
 
     def labels(self, cur: Cursor, tables: set[str]) -> dict[str, dict[str, str]]:
-        """Every node's labels ({node: {key: value}}), checked per call."""
+        """Every node's labels ({node: {key: value}}), checked at most every ``check_s``
+        (and at once after this process's ``queries.set_labels``)."""
         if "node_labels" not in tables:
             return {}
-        version = queries.labels_version(cur)
         held = self._labels
+        if (held is not None and not self._due(self._labels_checked)
+                and held.version[-1] == queries.labels_written()):
+            return held.by_node
+        version = queries.labels_version(cur)
         if held is None or held.version != version:
             held = Labels(version, queries.all_labels(cur))
             self._labels = held
+        self._labels_checked = self.clock()
         return held.by_node
 
     def risk_page(self, cur: Cursor, tables: set[str], *, limit: int | None = None,
@@ -169,9 +192,11 @@ class LatestScores:
                 return [], 0, snap.scored_at
             found = queries.nodes_with_gpu_model(cur, gpu_model)
             allowed = found if allowed is None else allowed & found
-        rows = [r for r in snap.ranked
-                if (min_risk is None or (r["risk"] is not None and r["risk"] >= min_risk))
-                and (allowed is None or r["node"] in allowed)]
+        rows: Sequence[dict[str, Any]] = snap.ranked
+        if min_risk is not None or allowed is not None:  # else: the ranking as it is
+            rows = [r for r in snap.ranked
+                    if (min_risk is None or (r["risk"] is not None and r["risk"] >= min_risk))
+                    and (allowed is None or r["node"] in allowed)]
         page = rows if limit is None else rows[offset:offset + limit]
         # new dicts: the snapshot's own are shared by every reader
         nodes = [{**r, "labels": dict(held.get(r["node"], {}))} for r in page]

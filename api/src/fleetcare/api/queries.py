@@ -259,6 +259,11 @@ def labels_version(cur: Cursor) -> tuple[Any, ...]:
     return int(rows), newest, _labels_set
 
 
+def labels_written() -> int:
+    """This process's count of ``set_labels`` calls (the last part of ``labels_version``)."""
+    return _labels_set
+
+
 def all_labels(cur: Cursor) -> dict[str, dict[str, str]]:
     """{node: {key: value}} of every labelled node (``node_labels`` must exist)."""
     out: dict[str, dict[str, str]] = {}
@@ -335,10 +340,17 @@ def gpu_score(uuid: str, index: Any, model: Any, risk: Any, reasons_raw: Any,
             "reasons": reasons(reasons_raw), "scored_at": iso_z(ts), "telemetry": None}
 
 
+def telemetry_since(latest: dict[str, Any]) -> dt.datetime:
+    """From when ``node_detail`` reads a scored node's GPUs' newest samples: its latest
+    score's ts minus ``TELEMETRY_WINDOW``."""
+    return dt.datetime.fromisoformat(latest["scored_at"].removesuffix("Z")) - TELEMETRY_WINDOW
+
+
 def node_detail(cur: Cursor, tables: set[str], node: str,
                 raw: RawTelemetry | None = None, *, latest: dict[str, Any] | None = None,
                 latest_gpus: Sequence[dict[str, Any]] = (),
-                labels: dict[str, str] | None = None) -> dict[str, Any] | None:
+                labels: dict[str, str] | None = None,
+                samples: list[dict[str, Any]] | None = None) -> dict[str, Any] | None:
     """The node's latest score and its GPUs (score + latest telemetry); None if unknown.
 
     ``latest``, ``latest_gpus``: the node's latest score and its GPUs' (the scorer's
@@ -348,6 +360,8 @@ def node_detail(cur: Cursor, tables: set[str], node: str,
     in neither is left out: it left the node. Without ``latest`` (a node that stopped
     reporting, or an unknown one) the node's whole history is read: its newest score and
     each GPU's, however old. ``labels``: the node's labels, if already known.
+    ``samples``: with ``latest``, the GPUs' newest samples since then, if already known
+    (``latest_samples.LatestSamples``: no read at all).
     """
     score = None
     gpus: dict[str, dict[str, Any]] = {}
@@ -355,9 +369,9 @@ def node_detail(cur: Cursor, tables: set[str], node: str,
     if latest is not None:
         score = dict(latest)
         gpus = {g["gpu_uuid"]: dict(g) for g in latest_gpus}
-        scored = dt.datetime.fromisoformat(latest["scored_at"].removesuffix("Z"))
-        since = scored - TELEMETRY_WINDOW
+        since = telemetry_since(latest)
     else:
+        samples = None
         if "node_scores" in tables:
             row = cur.execute(
                 "SELECT node, CASE WHEN isfinite(risk) THEN risk END, reasons, top_gpu_uuid, "
@@ -374,7 +388,8 @@ def node_detail(cur: Cursor, tables: set[str], node: str,
             ).fetchall()
             for row in rows:
                 gpus[row[0]] = gpu_score(*row)
-    samples = _latest_samples(cur, tables, raw, since, node=node)
+    if samples is None:
+        samples = _latest_samples(cur, tables, raw, since, node=node)
     recent = {s["gpu_uuid"] for s in samples}
     if since is not None and not set(gpus) <= recent:  # a scored GPU went quiet
         samples = [s for s in _latest_samples(cur, tables, raw, node=node)

@@ -35,13 +35,13 @@ from collections.abc import Callable
 
 from fleetcare.api.alerts import AlertEngine
 from fleetcare.api.drains import DrainController
+from fleetcare.collectors.agent_metrics import Family
 from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport import BusConsumer
 from fleetcare.models import prior, scoring
 from fleetcare.pipeline import features, incidents, retention
 from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
-from fleetcare.collectors.agent_metrics import Family
 from fleetcare.pipeline.urgent import UrgentSignals
 from fleetcare.pipeline.validate import RecordValidator
 

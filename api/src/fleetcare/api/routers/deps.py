@@ -9,6 +9,7 @@ and keeps it in ``app.state.ctx``; endpoints receive it through the ``Ctx`` depe
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -20,6 +21,7 @@ from pydantic import Field
 
 from fleetcare.api import auth as _auth
 from fleetcare.api import queries
+from fleetcare.api.latest_samples import LatestSamples
 from fleetcare.api.latest_scores import LatestScores
 from fleetcare.api.schemas import ErrorDetail
 from fleetcare.collectors.agent_metrics import Family
@@ -37,10 +39,30 @@ class AppContext:
     drains: Any = None
     ingest: Callable[[], Iterable[Family]] | None = None
     latest: LatestScores = field(default_factory=LatestScores)
+    samples: LatestSamples = field(default_factory=LatestSamples)
+    _held: dict[str, tuple[float, Any]] = field(default_factory=dict)
+
+    def _cached(self, key: str, read: Callable[[], Any]) -> Any:
+        """``read()``, reused for ``latest.check_s`` seconds (what changes rarely: the
+        tables that exist, the SIMULATED flag; each was a query per request)."""
+        now = time.monotonic()
+        held = self._held.get(key)
+        if held is not None and now - held[0] < self.latest.check_s:
+            return held[1]
+        value = read()
+        self._held[key] = (now, value)
+        return value
+
+    def tables(self, cur: duckdb.DuckDBPyConnection) -> set[str]:
+        """``queries.existing_tables``, checked at most every ``latest.check_s``."""
+        return set(self._cached("tables", lambda: queries.existing_tables(cur)))
 
     def is_simulated(self, cur: duckdb.DuckDBPyConnection, tables: set[str]) -> bool:
-        """The SIMULATED flag: forced by ``create_app(simulated=)``, else ``meta``'s."""
-        return self.simulated if self.simulated is not None else queries.simulated(cur, tables)
+        """The SIMULATED flag: forced by ``create_app(simulated=)``, else ``meta``'s
+        (checked at most every ``latest.check_s``)."""
+        if self.simulated is not None:
+            return self.simulated
+        return bool(self._cached("simulated", lambda: queries.simulated(cur, tables)))
 
     def age_s(self, ts: Any) -> float | None:
         return None if ts is None else round(self.clock() - queries.epoch_s(ts), 3)

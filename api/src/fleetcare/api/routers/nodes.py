@@ -41,15 +41,19 @@ def node_detail(node: str, cur: Cur, ctx: Ctx) -> Any:
     """One node: its risk, reasons and labels, and each GPU's score and latest
     telemetry (a scored node: the GPUs of its latest scoring runs and recent telemetry,
     bounded reads; one that stopped reporting: its last scores)."""
-    tables = queries.existing_tables(cur)
+    tables = ctx.tables(cur)
     latest: dict[str, Any] | None = None
     gpus: tuple[dict[str, Any], ...] = ()
+    samples = None
     if "node_scores" in tables:
         snap = ctx.latest.current(cur)
         latest, gpus = snap.by_node.get(node), snap.gpus.get(node, ())
+        if latest is not None:
+            samples = ctx.samples.for_node(cur, node, queries.telemetry_since(latest),
+                                           ctx.store.raw.kind)
     labels = ctx.latest.labels(cur, tables).get(node, {}) if "node_labels" in tables else None
     detail = queries.node_detail(cur, tables, node, ctx.store.raw, latest=latest,
-                                 latest_gpus=gpus, labels=labels)
+                                 latest_gpus=gpus, labels=labels, samples=samples)
     if detail is None:
         raise HTTPException(status_code=404, detail=_UNKNOWN_NODE.format(node=node))
     return {**detail, "simulated": ctx.is_simulated(cur, tables)}

@@ -42,7 +42,7 @@ def risk(
 
     Filter by node labels (`label=KEY=VALUE`, `partition=`), GPU model and minimum
     risk; page with `limit` and `offset` (the response's `next` is the next page)."""
-    tables = queries.existing_tables(cur)
+    tables = ctx.tables(cur)
     nodes, total, scored_at = ctx.latest.risk_page(
         cur, tables, limit=limit, offset=offset, min_risk=filters.min_risk,
         labels=filters.labels, gpu_model=filters.gpu_model)

@@ -1,0 +1,129 @@
+"""The newest sample of every GPU, held in memory: the telemetry part of ``GET
+/v1/nodes/{node}`` without a DuckDB read per request.
+
+``LatestSamples.for_node(cur, node, since)`` answers from memory what
+``RawTelemetry.latest_samples(node=, since=)`` answers from the table: each GPU of the
+node with a sample at or after ``since``, its newest one. The memory is brought up to date
+at most every ``refresh_s`` (1 s) by the request that finds it older:
+
+- first use: every GPU's newest sample of the last ``WINDOW`` (15 minutes) before the
+  newest telemetry; the memory is complete from there on (``floor``);
+- after that: one narrow query (each GPU's newest ts among the rows of the last ``SLACK``
+  before the newest ts seen, zone maps skip the rest), then the full rows of only the GPUs
+  whose newest sample moved (agents report once a minute: ~1/60 of the fleet a second).
+
+What it does not see, and what then happens: a sample that lands more than ``SLACK``
+(2 minutes) after a newer sample of any GPU, and is newer than its own GPU's held one (a
+node whose agent spooled through an outage and replays: its held sample stays the one
+before until its next live one, a minute later); ``since`` before ``floor`` and any
+non-table telemetry source (the lake: ``for_node`` returns None and the caller reads the
+source as before). Answers lag the table by at most ``refresh_s``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from fleetcare.api import queries
+from fleetcare.pipeline.schema import SAMPLE_COLUMNS
+
+Cursor = duckdb.DuckDBPyConnection
+WINDOW = dt.timedelta(minutes=15)
+SLACK = dt.timedelta(minutes=2)
+REFRESH_S = 1.0
+
+
+class LatestSamples:
+    """Each GPU's newest sample (JSON-ready, as ``queries._latest_samples`` gives it)."""
+
+    def __init__(self, *, refresh_s: float = REFRESH_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._samples: dict[str, dict[str, Any]] = {}
+        self._ts: dict[str, dt.datetime] = {}
+        self._gpus_of: dict[str, set[str]] = {}
+        self._mark: dt.datetime | None = None  # the newest ts seen
+        self.floor: dt.datetime | None = None  # complete from here on
+        self._checked = -math.inf
+        self._lock = threading.Lock()  # one refresher at a time
+        self._data = threading.Lock()  # readers vs. the refresher's update (short)
+        self.refreshes = 0
+
+    def for_node(self, cur: Cursor, node: str, since: dt.datetime,
+                 kind: str = "table") -> list[dict[str, Any]] | None:
+        """The node's GPUs' newest samples at or after ``since`` (sorted by GPU index,
+        then UUID), or None when memory cannot tell (the caller reads the source)."""
+        if kind != "table":
+            return None
+        self._refresh(cur)
+        if self.floor is None or since < self.floor:
+            return None
+        with self._data:
+            out = [self._samples[g] for g in self._gpus_of.get(node, ())
+                   if self._ts[g] >= since]
+        out.sort(key=lambda s: (s["gpu_index"] is None, s["gpu_index"] or 0, s["gpu_uuid"]))
+        return [dict(s) for s in out]  # callers may change theirs
+
+    def _refresh(self, cur: Cursor) -> None:
+        now = self.clock()
+        if now - self._checked < self.refresh_s or not self._lock.acquire(blocking=False):
+            return  # fresh enough, or another request is refreshing: use what is held
+        try:
+            self._checked = now
+            floor = None
+            if self._mark is None:
+                newest = cur.execute("SELECT max(ts) FROM telemetry").fetchall()[0][0]
+                if newest is None:
+                    return
+                lo = floor = newest - WINDOW
+            else:
+                lo = self._mark - SLACK
+            moved = [(g, ts) for g, ts in cur.execute(
+                "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= ? GROUP BY gpu_uuid",
+                [lo]).fetchall() if g not in self._ts or ts > self._ts[g]]
+            if moved:
+                self._take(cur, moved)
+            if floor is not None:
+                self.floor = floor  # complete from here on: only now may readers rely on it
+            self.refreshes += 1
+        finally:
+            self._lock.release()
+
+    def _take(self, cur: Cursor, moved: list[tuple[str, dt.datetime]]) -> None:
+        want = pa.table({"g": pa.array([g for g, _ in moved], pa.string()),
+                         "t": pa.array([t for _, t in moved], pa.timestamp("us"))})
+        cols = ", ".join(f"s.{c}" for c in SAMPLE_COLUMNS)
+        lo = min(t for _, t in moved)
+        cur.register("_fc_moved", want)
+        try:
+            rows = cur.execute(
+                f"SELECT DISTINCT ON (s.gpu_uuid) {cols} FROM telemetry s JOIN _fc_moved w "
+                "ON s.gpu_uuid = w.g AND s.ts = w.t WHERE s.ts >= ?", [lo]).fetchall()
+        finally:
+            cur.unregister("_fc_moved")
+        with self._data:
+            self._apply(rows)
+
+    def _apply(self, rows: list[tuple[Any, ...]]) -> None:
+        for r in rows:
+            sample = queries.finite(dict(zip(SAMPLE_COLUMNS, r, strict=True)))
+            ts: dt.datetime = sample["ts"]
+            sample["ts"] = queries.iso_z(ts)
+            gpu, node = sample["gpu_uuid"], sample["node"]
+            old = self._samples.get(gpu)
+            if old is not None and old["node"] != node:  # the GPU moved to another node
+                self._gpus_of.get(old["node"], set()).discard(gpu)
+            self._samples[gpu] = sample
+            self._ts[gpu] = ts
+            self._gpus_of.setdefault(node, set()).add(gpu)
+            if self._mark is None or ts > self._mark:
+                self._mark = ts

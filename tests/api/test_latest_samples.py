@@ -1,0 +1,97 @@
+"""Each GPU's newest sample held in memory for the node page
+(``fleetcare.api.latest_samples``): the same answer as the table's own read, brought up
+to date incrementally, and honest about what it cannot tell. Real DuckDB file."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+
+from fleetcare.api import queries
+from fleetcare.api.latest_samples import SLACK, WINDOW, LatestSamples
+from fleetcare.collectors.contract import GpuSample
+from fleetcare.pipeline.store import Store
+
+from .conftest import T0
+
+UTC = dt.UTC
+
+
+def at(minutes: float) -> dt.datetime:
+    return (T0 + dt.timedelta(minutes=minutes)).replace(tzinfo=None)
+
+
+def sample(node: str, uuid: str, index: int, minutes: float, temp: float) -> GpuSample:
+    return GpuSample(ts=at(minutes).replace(tzinfo=UTC), node=node, gpu_uuid=uuid,
+                     gpu_index=index, pci_bus_id=f"00000000:{index:02x}:00.0",
+                     model="NVIDIA H100 80GB HBM3", gpu_temp_c=temp,
+                     nvlink_crc_flit=[1, 2, 3])
+
+
+def from_table(store: Store, node: str, since: dt.datetime) -> list[dict]:
+    cur = store.cursor()
+    return queries._latest_samples(cur, {"telemetry"}, store.raw, since, node=node)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_memory_answers_what_the_table_answers_as_samples_arrive(store: Store) -> None:
+    clock = Clock()
+    mem = LatestSamples(refresh_s=1.0, clock=clock)
+    store.insert_sample_records([sample("n1", "GPU-a", 0, m, 60 + m) for m in range(0, 30, 5)]
+                                + [sample("n1", "GPU-b", 1, m, 50 + m) for m in range(0, 30, 5)]
+                                + [sample("n2", "GPU-c", 0, 3, 70.0)])
+    cur = store.cursor()
+    since = at(10)
+    got = mem.for_node(cur, "n1", since)
+    assert got == from_table(store, "n1", since) and [s["gpu_temp_c"] for s in got] == [85, 75]
+    assert mem.floor == at(25) - WINDOW
+    assert mem.for_node(cur, "n2", since) == from_table(store, "n2", since) == []
+    assert mem.for_node(cur, "n2", at(0)) is None  # before the floor: memory cannot tell
+
+    # new samples: not seen until the refresh interval passes, then exactly the table's
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 26, 99.0),
+                                 sample("n2", "GPU-c", 0, 26, 71.0)])
+    assert [s["gpu_temp_c"] for s in mem.for_node(cur, "n1", since)] == [85, 75]
+    clock.t = 1.0
+    assert mem.for_node(cur, "n1", since) == from_table(store, "n1", since)
+    assert mem.for_node(cur, "n2", since) == from_table(store, "n2", since)
+    assert mem.for_node(cur, "n2", since)[0]["gpu_temp_c"] == 71.0
+
+    # a GPU moved to another node: it leaves the old node's answer
+    store.insert_sample_records([sample("n2", "GPU-b", 3, 27, 40.0)])
+    clock.t = 2.0
+    assert [s["gpu_uuid"] for s in mem.for_node(cur, "n1", since)] == ["GPU-a"]
+    assert mem.for_node(cur, "n2", since) == from_table(store, "n2", since)
+    assert [s["gpu_uuid"] for s in mem.for_node(cur, "n2", since)] == ["GPU-c", "GPU-b"]
+
+    # a late sample within SLACK of the newest seen, newer than its GPU's held one: taken
+    late = 27 - SLACK.total_seconds() / 60 + 0.5
+    store.insert_sample_records([sample("n9", "GPU-z", 0, late, 33.0)])
+    clock.t = 3.0
+    assert mem.for_node(cur, "n9", since) == from_table(store, "n9", since)
+    assert mem.for_node(cur, "n1", since, kind="lake") is None  # another source: not held
+
+
+def test_node_page_shows_a_new_sample_within_the_freshness_interval(tmp_path, serve_app,
+                                                                     fleet, store) -> None:
+    """Production default: rarely changing reads are checked at most every freshness_s;
+    a score or a sample written by another process shows within it."""
+    fleet.node_score("n1", 0.4, ts=T0)
+    store.con.execute("INSERT INTO gpu_scores VALUES (?, 'n1', 'GPU-a', 0, 'NVIDIA H100 80GB "
+                      "HBM3', 0.4, '[]', 'm1')", [at(0)]).fetchall()
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 0, 60.0)])
+    client = serve_app(store, freshness_s=0.3)
+    page = client.get("/v1/nodes/n1").json()
+    assert page["gpus"][0]["telemetry"]["gpu_temp_c"] == 60.0
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 1, 61.0)])
+    fleet.node_score("n2", 0.9, ts=T0)
+    time.sleep(0.35)
+    assert client.get("/v1/nodes/n1").json()["gpus"][0]["telemetry"]["gpu_temp_c"] == 61.0
+    assert [n["node"] for n in client.get("/v1/risk").json()["nodes"]] == ["n2", "n1"]
