@@ -153,3 +153,27 @@ def test_spill_keeps_rows_in_memory_then_on_disk_in_order():
     del big
     gc.collect()
     assert not folder.exists()  # the temporary files go with the object
+
+
+def test_thin_keeps_every_positive_and_reweights_the_rest():
+    import numpy as np
+    import pyarrow as pa
+
+    from fleetcare.models.dataset import thin
+
+    n = 10_000
+    rng = np.random.default_rng(0)
+    label = rng.random(n) < 0.01
+    t = pa.table({"ts": pa.array(np.arange(n) * 3_600_000_000, pa.timestamp("us")),
+                  "gpu_uuid": [f"GPU-{i % 97}" for i in range(n)],
+                  "label": label, "node_label": label,
+                  "weight": pa.array(np.full(n, 2.0), pa.float32())})
+    assert thin(t, n) is t
+    out = thin(t, 2_000)
+    y = out.column("label").to_numpy(zero_copy_only=False)
+    assert int(y.sum()) == int(label.sum())  # every positive
+    assert 1_500 < out.num_rows < 2_500
+    w = out.column("weight").to_numpy()
+    assert set(np.unique(w[y])) == {2.0}
+    # the healthy rows' weights still add up to the healthy rows they stand for
+    assert abs(w[~y].sum() - 2.0 * int((~label).sum())) / (2.0 * (~label).sum()) < 0.05

@@ -61,6 +61,9 @@ MAX_FIT_ROWS = 3_000_000
 """Training + calibration rows a fit takes at most (``negatives_for``): ~1.4 GB as float32,
 twice that while LightGBM bins them. Fleets below it (the benchmarks' 512 nodes x 30 days
 at 4,096 GPUs) keep every row."""
+BASELINE_ROWS = 500_000
+"""Rows the logistic baseline fits on at most (``thin``): scikit-learn's imputer, scaler and
+solver each copy its float64 matrix (~0.5 GB at this size)."""
 SPILL_BYTES = 512 * 2**20
 """A ``Spill`` keeps this many bytes of rows in memory, the rest on disk."""
 KEEP = ("ts", "node", "gpu_uuid", "gpu_index", "model", "label", "node_label", "failure_ts",
@@ -211,6 +214,24 @@ def sample(table: pa.Table, keep: np.ndarray, *, negatives: float, seed: int = 0
         weight = np.ones(table.num_rows, dtype=np.float32)
     out = table.filter(pa.array(take))
     return out.append_column(WEIGHT, pa.array(weight[take], pa.float32()))
+
+
+def thin(table: pa.Table, most: int, *, seed: int = 0) -> pa.Table:
+    """``table`` (``sample``'s output, with ``weight``) cut to about ``most`` rows: every
+    positive and node-label row kept, the other rows sampled again by the same hash, their
+    weight multiplied by the inverse of the new share."""
+    if table.num_rows <= most:
+        return table
+    whole = T._bool(table, "label") | T._bool(table, "node_label")
+    rest = int((~whole).sum())
+    share = max(0.0, min(1.0, (most - int(whole.sum())) / rest)) if rest else 1.0
+    u = _hash_uniform(T._str(table, "gpu_uuid"), T.ts_column(table), seed + 7)
+    take = whole | (u < share)
+    w = table.column(WEIGHT).to_numpy().astype(np.float32)
+    w = np.where(whole, w, w / share if share > 0 else w).astype(np.float32)
+    i = table.column_names.index(WEIGHT)
+    out = table.set_column(i, WEIGHT, pa.array(w, pa.float32()))
+    return out.filter(pa.array(take))
 
 
 # -- streaming: fit rows and scored periods --------------------------------------------------

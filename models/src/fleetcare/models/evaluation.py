@@ -199,8 +199,9 @@ def _joined(parts: Sequence[NodeScores]) -> NodeScores:
                         for k in ("ts", "node", "risk", "label", "known")))
 
 
-def _weights(t: pa.Table, negatives: float) -> np.ndarray | None:
-    return t.column(dataset.WEIGHT).to_numpy() if negatives < 1 else None
+def _weights(t: pa.Table, *, sampled: bool) -> np.ndarray | None:
+    """The rows' weights when healthy rows were sampled (else None: all weigh 1)."""
+    return t.column(dataset.WEIGHT).to_numpy() if sampled else None
 
 
 def _fit_model(fleets: Sequence[Fleet], cfg: EvalConfig) -> Any:
@@ -301,10 +302,12 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     negatives = min(f.fit.negatives for f in train)
     train_rows = dataset._concat([f.fit.train for f in train])
     names = T.model_features(T.feature_columns(train_rows.drop_columns([dataset.WEIGHT])))
-    say("fitting the logistic baseline")
-    logit = B.LogisticBaseline(seed=cfg.seed).fit(train_rows, T._bool(train_rows, "label"),
-                                                   feature_names=names,
-                                                   sample_weight=_weights(train_rows, negatives))
+    thinned = train_rows.num_rows > dataset.BASELINE_ROWS
+    train_rows = dataset.thin(train_rows, dataset.BASELINE_ROWS, seed=cfg.seed)
+    say(f"fitting the logistic baseline on {train_rows.num_rows} rows")
+    logit = B.LogisticBaseline(seed=cfg.seed).fit(
+        train_rows, T._bool(train_rows, "label"), feature_names=names,
+        sample_weight=_weights(train_rows, sampled=thinned or negatives < 1))
     del train_rows
     predictors: dict[str, dataset.Predict] = {
         "model": lambda t: model.predict_proba(t)[:, 1],
