@@ -111,9 +111,9 @@ def repeat_offenders(store: Any, at: dt.datetime, *, failures: int = 2, days: in
     repairs: dict[str, list[dt.datetime]] = {}
     for ts, node, kind, cause, gpu in rows:
         ts = _utc(ts)
-        if kind == "failure" and cause not in recurrence.NOT_FAILURES:
+        if recurrence.is_failure(kind, cause):
             fails.setdefault(node, []).append((ts, cause, gpu))
-        elif kind in ("repair", "rma"):
+        elif recurrence.is_repair(kind):
             repairs.setdefault(node, []).append(ts)
     picked = {n: [f for f in fs if f[0] > since] for n, fs in fails.items()}
     picked = {n: fs for n, fs in picked.items() if len(fs) >= failures}

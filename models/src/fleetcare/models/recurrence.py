@@ -55,6 +55,18 @@ CAUSE_CLASS = {
 }
 """Table 5's causes and the operator causes in five classes (anything else: unknown)."""
 NOT_FAILURES = ("planned_maintenance",)
+REPAIR_KINDS = ("repair", "rma")
+
+
+def is_failure(kind: str, cause: str | None) -> bool:
+    """An incident that counts as a failure everywhere incident history is read
+    (recurrence, repeat offenders, repeat statistics): a failure not planned."""
+    return kind == "failure" and cause not in NOT_FAILURES
+
+
+def is_repair(kind: str) -> bool:
+    """An incident that ends a failure: a repair or an RMA."""
+    return kind in REPAIR_KINDS
 FEATURES = (
     *(f"failures_{int(w)}d" for w in FAILURES_IN), "failures_ever",
     "days_since_failure", "days_since_repair", "in_repair", "last_repair_h",
@@ -94,9 +106,9 @@ class History:
         for ts, node, kind, cause in rows:
             names.add(node)
             d = (ts - origin).total_seconds() / 86400.0
-            if kind == "failure" and cause not in NOT_FAILURES:
+            if is_failure(kind, cause):
                 fails.setdefault(node, []).append((d, cause_class(cause)))
-            elif kind in ("repair", "rma"):
+            elif is_repair(kind):
                 reps.setdefault(node, []).append(d)
         order = tuple(sorted(names))
         return cls(order,

@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from fleetcare.models.recurrence import NOT_FAILURES
+from fleetcare.models.recurrence import is_failure, is_repair
 
 Row = tuple[dt.datetime, str, str, str]
 WINDOWS_DAYS = (7.0, 30.0)
@@ -42,9 +42,9 @@ def _repair_hours(rows: list[Row]) -> dict[tuple[str, dt.datetime], float]:
     open_: dict[str, list[dt.datetime]] = {}
     out: dict[tuple[str, dt.datetime], float] = {}
     for ts, node, kind, cause in rows:
-        if kind == "failure" and cause not in NOT_FAILURES:
+        if is_failure(kind, cause):
             open_.setdefault(node, []).append(ts)
-        elif kind in ("repair", "rma") and open_.get(node):
+        elif is_repair(kind) and open_.get(node):
             began = open_[node].pop(0)
             out[(node, began)] = (ts - began).total_seconds() / 3600.0
     return out
@@ -64,7 +64,7 @@ def repeat_stats(rows: Iterable[Row], servers: int, span_days: float, *,
     fails: dict[str, list[float]] = {}
     hours: list[float] = []
     for ts, node, kind, cause in rows:
-        if kind == "failure" and cause not in NOT_FAILURES and start <= ts < end:
+        if is_failure(kind, cause) and start <= ts < end:
             fails.setdefault(node, []).append((ts - start).total_seconds() / 86400.0)
             if (node, ts) in repairs:
                 hours.append(repairs[(node, ts)])
