@@ -343,3 +343,16 @@ def test_repeat_offenders_on_the_overview_and_the_node_page(fleet, client, store
 def test_no_repeat_offender_says_so(fleet, client):
     fleet.node_score("n1", 0.2)
     assert "No node failed twice in the last 30 days." in client.get("/").text
+
+
+def test_a_bearer_token_on_a_page_is_checked_like_on_the_api(secured, tokens):
+    """The dashboard calls the API's token check itself: an invalid bearer token gets no
+    page (it once got one, when the check became a coroutine the page never awaited),
+    a valid one does, and a validation error never answers before auth does."""
+    html = {"Accept": "text/html"}
+    bad = secured.get("/", headers={**html, "Authorization": "Bearer fc_not-a-token"})
+    assert bad.status_code == 401
+    good = secured.get("/", headers={**html, "Authorization": f"Bearer {tokens('read')}"})
+    assert good.status_code == 200
+    anon = secured.get("/v1/risk?limit=0")
+    assert anon.status_code == 401

@@ -199,10 +199,9 @@ def require(scope: str) -> Any:
     """
     assert scope in SCOPES, scope
 
-    async def check(request: Request, creds: Credentials) -> TokenInfo | None:
-        # async: a cached token (nearly every request) costs no hand-off to the thread
-        # pool and no cursor; a miss reads one row on the event loop (MVCC: no writer
-        # blocks it)
+    def check(request: Request, creds: Credentials) -> TokenInfo | None:
+        # sync on purpose: the dashboard's page_user and app._auth_error call it directly.
+        # A cached token (nearly every request) opens no cursor; a miss reads one row
         state = request.app.state
         if not state.auth:
             return None

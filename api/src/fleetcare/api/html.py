@@ -80,6 +80,13 @@ def pct(risk: float | None) -> str:
     return f"{risk * 100:.1f}%"
 
 
+def num(value: float | int | None) -> str:
+    """A count or a rate for a table cell: ``400``, ``12.5``, ``—`` when unknown."""
+    if value is None:
+        return '<span class="muted">—</span>'
+    return f"{value:,}" if isinstance(value, int) else f"{value:,.4g}"
+
+
 def when(iso: str | None) -> str:
     """An ISO 'Z' time as ``2026-01-12 17:00 UTC``."""
     if not iso:

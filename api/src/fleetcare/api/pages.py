@@ -69,8 +69,11 @@ def node(detail: dict[str, Any], history: dict[str, Any] | None,
          wanted: dict[str, list[Signal]], *, xids: list[dict[str, Any]],
          incidents: list[dict[str, Any]], drain: dict[str, Any] | None,
          audit: list[dict[str, Any]], simulated: bool, version: str,
-         signed_in: bool, offender: dict[str, Any] | None = None) -> str:
-    """The page of one node; ``offender``: its ``Offender.to_json()`` when it is one."""
+         signed_in: bool, offender: dict[str, Any] | None = None,
+         nics: list[dict[str, Any]] | None = None) -> str:
+    """The page of one node; ``offender``: its ``Offender.to_json()`` when it is one;
+    ``nics``: its InfiniBand/RoCE ports (``queries.node_nics``; the section shows only
+    for a node that has some)."""
     labels = ", ".join(f"{escape(k)}={escape(v)}" for k, v in detail["labels"].items())
     gpu_rows = [
         f"<tr><td class=\"num\">{escape(str(g['gpu_index']))}</td><td>{escape(g['gpu_uuid'])}"
@@ -86,6 +89,17 @@ def node(detail: dict[str, Any], history: dict[str, Any] | None,
         f"<td>{escape(i['cause'])}</td><td>{escape(i['mode'] or '')}</td>"
         f"<td>{escape(i['gpu_uuid'] or '')}</td><td>{escape(i['note'] or '')}</td></tr>"
         for i in incidents]
+    nic_rows = [
+        f"<tr><td>{escape(n['device'])}/{n['port']}</td><td>{escape(n['state'] or '?')}"
+        f"{' · ' + escape(n['phys_state']) if n['phys_state'] else ''}</td>"
+        f"<td class=\"num\">{html.num(n['rate_gbps'])}</td>"
+        f"<td class=\"num\">{html.num(n['flaps_24h'])}</td>"
+        f"<td class=\"num\">{html.num(n['symbol_error_24h'])}</td>"
+        f"<td>{escape(', '.join(n['saturated'])) or '-'}</td>"
+        f"<td>{html.when(n['ts'])}</td></tr>" for n in nics or []]
+    nic_part = ("<h2>Network ports</h2>" + html.table(
+        ["Port", "State", "Gb/s", "Flaps 24 h", "Symbol errors 24 h", "Saturated counters",
+         "Sampled"], nic_rows, "") if nic_rows else "")
     if drain is None:
         drain_state = "<p>Not drained by fleetcare.</p>"
     else:
@@ -103,6 +117,7 @@ def node(detail: dict[str, Any], history: dict[str, Any] | None,
         f"<h2>Signal history against the fleet</h2>{_charts(detail, history, wanted)}"
         f"<h2>GPUs</h2>"
         + html.table(["#", "UUID", "Model", "Risk", "Reasons"], gpu_rows, "No GPU reported.")
+        + nic_part
         + "<h2>Recent XIDs</h2>"
         + html.table(["Time", "XID", "GPU", "Message", "Source"], xid_rows,
                      "No XID recorded for this node.")

@@ -413,6 +413,53 @@ def node_detail(cur: Cursor, tables: set[str], node: str,
     return {**score, "labels": dict(labels), "gpus": ordered}
 
 
+NIC_WINDOW = dt.timedelta(hours=1)
+"""How far before the node's newest NIC sample ``node_nics`` looks for each port's newest."""
+
+
+def node_nics(cur: Cursor, tables: set[str], node: str) -> list[dict[str, Any]]:
+    """Each InfiniBand/RoCE port of ``node``: its newest sample (state, rate, counters,
+    the ones that saturated) and, from ``nic_hourly``, its flaps and link_downed and
+    symbol-error increases over the 24 h before that sample. Bounded reads: the node's
+    newest NIC ts, then its samples of the hour before it (a port silent for longer is
+    left out), then 24 rollup hours."""
+    if "nic_telemetry" not in tables:
+        return []
+    newest = cur.execute("SELECT max(ts) FROM nic_telemetry WHERE node = ?",
+                         [node]).fetchall()[0][0]
+    if newest is None:
+        return []
+    from fleetcare.pipeline.nic_rollup import COUNTERS
+
+    cols = ["device", "port", "ts", "link_layer", "state", "phys_state", "rate_gbps",
+            "saturated", *COUNTERS]
+    rows = cur.execute(
+        f"SELECT {', '.join(cols)} FROM nic_telemetry WHERE node = ? AND ts >= ? "
+        "QUALIFY row_number() OVER (PARTITION BY device, port ORDER BY ts DESC) = 1 "
+        "ORDER BY device, port", [node, newest - NIC_WINDOW]).fetchall()
+    day: dict[tuple[str, int], tuple[Any, ...]] = {}
+    if "nic_hourly" in tables:
+        day = {(d, p): tuple(rest) for d, p, *rest in cur.execute(
+            "SELECT device, port, sum(flaps), sum(link_downed_inc), sum(symbol_error_inc) "
+            "FROM nic_hourly WHERE node = ? AND hour > ? GROUP BY device, port",
+            [node, newest - dt.timedelta(hours=24)]).fetchall()}
+    out = []
+    for r in rows:
+        item = dict(zip(cols, r, strict=True))
+        flaps, downed, symbol = day.get((item["device"], item["port"]), (None, None, None))
+        out.append({
+            "device": item["device"], "port": item["port"], "ts": iso_z(item["ts"]),
+            "link_layer": item["link_layer"], "state": item["state"],
+            "phys_state": item["phys_state"], "rate_gbps": finite(item["rate_gbps"]),
+            "counters": {c: item[c] for c in COUNTERS},
+            "saturated": list(item["saturated"] or []),
+            "flaps_24h": None if flaps is None else int(flaps),
+            "link_downed_24h": None if downed is None else int(downed),
+            "symbol_error_24h": None if symbol is None else int(symbol),
+        })
+    return out
+
+
 def gpu_detail(cur: Cursor, tables: set[str], gpu_uuid: str,
                raw: RawTelemetry | None = None) -> dict[str, Any] | None:
     """One GPU: its latest score and latest sample, and its node; None if unknown."""

@@ -91,6 +91,27 @@ class GpuDetail(BaseModel):
     )
 
 
+class NicPort(BaseModel):
+    """One InfiniBand/RoCE port of the node (agent ``--backend infiniband``)."""
+
+    device: str = Field(description="e.g. mlx5_0.")
+    port: int
+    ts: IsoTime = Field(description="Its newest sample.")
+    link_layer: str | None = Field(description="InfiniBand or Ethernet (RoCE).")
+    state: str | None = Field(description="ACTIVE, DOWN, INIT, ... (null: unreadable).")
+    phys_state: str | None
+    rate_gbps: float | None
+    counters: dict[str, int | None] = Field(
+        description="The legacy port counters as read (null: not reported, e.g. no PMA).")
+    saturated: list[str] = Field(
+        description="Counters stuck at their width's maximum: they no longer count.")
+    flaps_24h: int | None = Field(
+        description="Link flaps (ACTIVE left, or link_downed rose) in the 24 h before the "
+        "newest sample (null: not rolled up yet).")
+    link_downed_24h: int | None
+    symbol_error_24h: int | None
+
+
 class NodeDetail(BaseModel):
     node: str
     risk: float | None = Field(description=RISK_DOC)
@@ -101,6 +122,9 @@ class NodeDetail(BaseModel):
     simulated: bool
     labels: dict[str, str] = Field(description=LABELS_DOC)
     gpus: list[GpuDetail] = Field(description="Every GPU of the node, by gpu_index.")
+    nics: list[NicPort] = Field(
+        default_factory=list, description="Its InfiniBand/RoCE ports reporting in the hour "
+        "before the node's newest port sample (empty: the agent reads no NIC).")
 
 
 class Point(BaseModel):

@@ -57,6 +57,14 @@ class AppContext:
         """``queries.existing_tables``, checked at most every ``latest.check_s``."""
         return set(self._cached("tables", lambda: queries.existing_tables(cur)))
 
+    def has_nics(self, cur: duckdb.DuckDBPyConnection, tables: set[str]) -> bool:
+        """Any InfiniBand/RoCE port sample stored (checked at most every
+        ``latest.check_s``): a fleet without them pays nothing for the node page's ports."""
+        if "nic_telemetry" not in tables:
+            return False
+        return bool(self._cached("has_nics", lambda: cur.execute(
+            "SELECT EXISTS (SELECT 1 FROM nic_telemetry)").fetchall()[0][0]))
+
     def is_simulated(self, cur: duckdb.DuckDBPyConnection, tables: set[str]) -> bool:
         """The SIMULATED flag: forced by ``create_app(simulated=)``, else ``meta``'s
         (checked at most every ``latest.check_s``)."""

@@ -56,7 +56,8 @@ def node_detail(node: str, cur: Cur, ctx: Ctx) -> Any:
                                  latest_gpus=gpus, labels=labels, samples=samples)
     if detail is None:
         raise HTTPException(status_code=404, detail=_UNKNOWN_NODE.format(node=node))
-    return {**detail, "simulated": ctx.is_simulated(cur, tables)}
+    nics = queries.node_nics(cur, tables, node) if ctx.has_nics(cur, tables) else []
+    return {**detail, "nics": nics, "simulated": ctx.is_simulated(cur, tables)}
 
 
 @router.get("/v1/nodes/{node}/history", response_model=NodeHistory, tags=["risk"],

@@ -144,6 +144,7 @@ def node_page(
         drain=page_data.node_drain(cur, tables, node),
         audit=page_data.drain_audit(cur, tables, node), simulated=simulated,
         version=ctx.version, signed_in=signed_in,
+        nics=queries.node_nics(cur, tables, node) if ctx.has_nics(cur, tables) else [],
         offender=next((o.to_json() for o in ctx.repeat_offenders() if o.node == node), None)))
 
 

@@ -1,0 +1,64 @@
+"""Issue 16 §1: a node's InfiniBand/RoCE ports on GET /v1/nodes/{node} and its page —
+each port's newest state, counters and saturation, and its flaps over 24 h from the
+hourly rollup. Real HTTP server, real DuckDB file."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from fleetcare.collectors.contract import GpuSample, NicSample
+from fleetcare.pipeline import nic_rollup
+
+from .conftest import T0
+
+UTC = dt.UTC
+
+
+def nic(minute: int, **kw) -> NicSample:
+    base = dict(ts=T0.replace(tzinfo=UTC) + dt.timedelta(minutes=minute), node="n1",
+                device="mlx5_0", port=1, link_layer="InfiniBand", state="ACTIVE",
+                phys_state="LinkUp", rate_gbps=400.0, link_downed=0, symbol_error=0)
+    return NicSample(**(base | kw))
+
+
+def test_node_detail_and_page_show_ports_with_flaps(client, store, fleet) -> None:
+    fleet.node_score("n1", 0.3, ts=T0)
+    store.insert_sample_records([GpuSample(
+        ts=T0.replace(tzinfo=UTC), node="n1", gpu_uuid="GPU-1", gpu_index=0,
+        pci_bus_id="00000000:3B:00.0", model="H100")])
+    assert client.get("/v1/nodes/n1").json()["nics"] == []  # no NIC data: nothing read
+    store.insert_nic_samples([
+        # the rollup's rule (nic_rollup): a step counts a flap when the state leaves ACTIVE or
+        # link_downed rises: the DOWN sample, its counter rising a sample later, and a flap
+        # shorter than a tick that only the counter saw
+        nic(-60), nic(-50, state="DOWN", phys_state="Polling"), nic(-40, link_downed=1),
+        nic(-30, link_downed=2, symbol_error=7),
+        nic(-20, device="mlx5_1", link_layer="Ethernet", rate_gbps=200.0,
+            link_downed=255, saturated=["link_downed"]),
+        nic(-200, device="mlx5_9"),  # silent for over an hour before the newest: left out
+    ])
+    nic_rollup.refresh(store)
+    body = client.get("/v1/nodes/n1").json()
+    assert [(p["device"], p["port"], p["state"], p["rate_gbps"], p["flaps_24h"],
+             p["link_downed_24h"], p["symbol_error_24h"], p["saturated"])
+            for p in body["nics"]] == [
+        ("mlx5_0", 1, "ACTIVE", 400.0, 3, 2, 7, []),
+        ("mlx5_1", 1, "ACTIVE", 200.0, 0, 0, 0, ["link_downed"]),
+    ]
+    assert body["nics"][0]["counters"]["link_downed"] == 2
+    assert body["nics"][0]["counters"]["port_rcv_errors"] is None  # not reported: null
+    assert body["nics"][0]["ts"] == "2026-03-01T11:30:00Z"
+
+    page = client.get("/nodes/n1").text
+    assert "<h2>Network ports</h2>" in page and "mlx5_1/1" in page
+    assert "link_downed" in page  # the saturated counter is named
+
+
+def test_a_node_without_ports_has_no_network_section(client, store, fleet) -> None:
+    fleet.node_score("n2", 0.1, ts=T0)
+    store.insert_sample_records([GpuSample(
+        ts=T0.replace(tzinfo=UTC), node="n2", gpu_uuid="GPU-2", gpu_index=0,
+        pci_bus_id="00000000:3B:00.0", model="H100")])
+    store.insert_nic_samples([nic(0)])  # another node's port
+    assert client.get("/v1/nodes/n2").json()["nics"] == []
+    assert "Network ports" not in client.get("/nodes/n2").text
