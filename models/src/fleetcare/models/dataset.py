@@ -57,10 +57,10 @@ query."""
 CHUNK_ROWS = 600_000
 """GPU rows per chunk at most (``chunk_for``): DuckDB hands back 161 float64 features a row
 (~0.8 GB for this many) before they are cut to the model's float32 columns."""
-MAX_FIT_ROWS = 3_000_000
-"""Training + calibration rows a fit takes at most (``negatives_for``): ~1.4 GB as float32,
+MAX_FIT_ROWS = 2_500_000
+"""Training + calibration rows a fit takes at most (``negatives_for``): ~1.2 GB as float32,
 twice that while LightGBM bins them. Fleets below it (the benchmarks' 512 nodes x 30 days
-at 4,096 GPUs) keep every row."""
+at 4,096 GPUs: 2.1 M) keep every row."""
 BASELINE_ROWS = 500_000
 """Rows the logistic baseline fits on at most (``thin``): scikit-learn's imputer, scaler and
 solver each copy its float64 matrix (~0.5 GB at this size)."""

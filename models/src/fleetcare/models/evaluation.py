@@ -309,6 +309,8 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
         train_rows, T._bool(train_rows, "label"), feature_names=names,
         sample_weight=_weights(train_rows, sampled=thinned or negatives < 1))
     del train_rows
+    for f in train:  # fitted: the rows are not held while the test period is read
+        f.fit.train, f.fit.cal = f.fit.train.slice(0, 0), f.fit.cal.slice(0, 0)
     predictors: dict[str, dataset.Predict] = {
         "model": lambda t: model.predict_proba(t)[:, 1],
         "logistic": lambda t: logit.predict_proba(t)[:, 1]}

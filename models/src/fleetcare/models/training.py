@@ -354,7 +354,10 @@ def _fit_and_score(fit_tables: Iterable[pa.Table], test_tables: Iterable[pa.Tabl
     share = "" if negatives >= 1 else f", healthy rows sampled at {negatives:.3f}"
     say(f"fitting on {fit.train.num_rows} rows ({int(y_train.sum())} positive{share})")
     model = fit_model(fit, horizon_h=horizon_h, seed=seed, params=params)
-    say(f"calibrated ({model.calibrator_['kind']}) on {fit.cal.num_rows} rows "
+    counts = {"train_rows": fit.train.num_rows, "train_positives": int(y_train.sum()),
+              "cal_rows": fit.cal.num_rows, "cal_positives": int(_bool(fit.cal, "label").sum())}
+    del fit, y_train  # ~1.5 GB at the row cap: not held while the test period is read
+    say(f"calibrated ({model.calibrator_['kind']}) on {counts['cal_rows']} rows "
         f"({model.n_cal_positives_} positive); evaluating on the test period")
 
     def in_test(t: pa.Table) -> np.ndarray:
@@ -367,9 +370,7 @@ def _fit_and_score(fit_tables: Iterable[pa.Table], test_tables: Iterable[pa.Tabl
     metrics = evaluate_scored(scored.keys, scored.p["model"], np.asarray(ts + H <= last),
                               horizon_h=horizon_h, every_s=every_s, window_h=window_h)
     metrics.update({
-        "calibration": model.calibrator_["kind"],
-        "train_rows": fit.train.num_rows, "train_positives": int(y_train.sum()),
-        "cal_rows": fit.cal.num_rows, "cal_positives": int(_bool(fit.cal, "label").sum()),
+        "calibration": model.calibrator_["kind"], **counts,
         "healthy_rows_sampled": M.json_float(negatives),
     })
     return model, metrics
