@@ -180,6 +180,7 @@ def test_node_detail_has_gpu_scores_and_latest_telemetry(client, fleet, store):
              "risk": None, "reasons": [], "scored_at": None,
              "telemetry": tel("GPU-2", 2, "2026-03-01T12:00:00Z", util_gpu_pct=100.0)},
         ],
+        "nics": [],  # no InfiniBand/RoCE port data (tests/api/test_node_nics.py)
     }
     assert list(body["gpus"][0]["telemetry"]) == SAMPLE_COLUMNS
 

@@ -8,7 +8,7 @@ import datetime as dt
 import time
 
 from fleetcare.api import queries
-from fleetcare.api.latest_samples import SLACK, WINDOW, LatestSamples
+from fleetcare.api.latest_samples import SLACK, SLACK_EVERY_S, WINDOW, LatestSamples
 from fleetcare.collectors.contract import GpuSample
 from fleetcare.pipeline.store import Store
 
@@ -71,11 +71,13 @@ def test_memory_answers_what_the_table_answers_as_samples_arrive(store: Store) -
     assert mem.for_node(cur, "n2", since) == from_table(store, "n2", since)
     assert [s["gpu_uuid"] for s in mem.for_node(cur, "n2", since)] == ["GPU-c", "GPU-b"]
 
-    # a late sample within SLACK of the newest seen, newer than its GPU's held one: taken
+    # a late sample (behind the newest seen, within SLACK): taken at the next slack scan
     late = 27 - SLACK.total_seconds() / 60 + 0.5
     store.insert_sample_records([sample("n9", "GPU-z", 0, late, 33.0)])
     clock.t = 3.0
-    assert mem.for_node(cur, "n9", since) == from_table(store, "n9", since)
+    assert mem.for_node(cur, "n9", since) == []
+    clock.t = 2.0 + SLACK_EVERY_S
+    assert mem.for_node(cur, "n9", since) == from_table(store, "n9", since) != []
     assert mem.for_node(cur, "n1", since, kind="lake") is None  # another source: not held
 
 

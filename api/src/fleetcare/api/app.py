@@ -262,6 +262,12 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
                                      samples=LatestSamples(refresh_s=freshness_s))
     _ensure_api_tables(store, auth)
     _start_latest_scores(store, ctx.latest)
+    if store.raw.kind == "table":
+        cur = store.cursor()
+        try:
+            ctx.samples.warm(cur)
+        finally:
+            cur.close()
     docs.mount(app)
 
     @app.exception_handler(duckdb.Error)

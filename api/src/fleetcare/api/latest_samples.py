@@ -8,16 +8,18 @@ at most every ``refresh_s`` (1 s) by the request that finds it older:
 
 - first use: every GPU's newest sample of the last ``WINDOW`` (15 minutes) before the
   newest telemetry; the memory is complete from there on (``floor``);
-- after that: one narrow query (each GPU's newest ts among the rows of the last ``SLACK``
-  before the newest ts seen, zone maps skip the rest), then the full rows of only the GPUs
-  whose newest sample moved (agents report once a minute: ~1/60 of the fleet a second).
+- after that: one narrow query (each GPU's newest ts among the rows from the newest ts
+  seen on; every ``SLACK_EVERY_S`` from ``SLACK`` before it, for late arrivals; zone maps
+  skip the rest), then the full rows of only the GPUs whose newest sample moved (agents
+  report once a minute: ~1/60 of the fleet a second).
 
-What it does not see, and what then happens: a sample that lands more than ``SLACK``
-(2 minutes) after a newer sample of any GPU, and is newer than its own GPU's held one (a
+What it does not see, and what then happens: a sample that lands behind a newer sample of
+another GPU shows within ``SLACK_EVERY_S`` (30 s); one that lands more than ``SLACK``
+(2 minutes) behind, and is newer than its own GPU's held one (a
 node whose agent spooled through an outage and replays: its held sample stays the one
 before until its next live one, a minute later); ``since`` before ``floor`` and any
 non-table telemetry source (the lake: ``for_node`` returns None and the caller reads the
-source as before). Answers lag the table by at most ``refresh_s``.
+source as before). New samples show within ``refresh_s``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from fleetcare.pipeline.schema import SAMPLE_COLUMNS
 Cursor = duckdb.DuckDBPyConnection
 WINDOW = dt.timedelta(minutes=15)
 SLACK = dt.timedelta(minutes=2)
+SLACK_EVERY_S = 30.0
 REFRESH_S = 1.0
 
 
@@ -54,6 +57,7 @@ class LatestSamples:
         self._mark: dt.datetime | None = None  # the newest ts seen
         self.floor: dt.datetime | None = None  # complete from here on
         self._checked = -math.inf
+        self._slack_checked = -math.inf
         self._lock = threading.Lock()  # one refresher at a time
         self._data = threading.Lock()  # readers vs. the refresher's update (short)
         self.refreshes = 0
@@ -73,6 +77,12 @@ class LatestSamples:
         out.sort(key=lambda s: (s["gpu_index"] is None, s["gpu_index"] or 0, s["gpu_uuid"]))
         return [dict(s) for s in out]  # callers may change theirs
 
+    def warm(self, cur: Cursor) -> None:
+        """Read the last ``WINDOW`` now (the service's start), not on the first request
+        (~0.9 s at 16,384 GPUs)."""
+        self._checked = -math.inf
+        self._refresh(cur)
+
     def _refresh(self, cur: Cursor) -> None:
         now = self.clock()
         if now - self._checked < self.refresh_s or not self._lock.acquire(blocking=False):
@@ -85,8 +95,11 @@ class LatestSamples:
                 if newest is None:
                     return
                 lo = floor = newest - WINDOW
-            else:
+            elif now - self._slack_checked >= SLACK_EVERY_S:
                 lo = self._mark - SLACK
+                self._slack_checked = now
+            else:
+                lo = self._mark
             moved = [(g, ts) for g, ts in cur.execute(
                 "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= ? GROUP BY gpu_uuid",
                 [lo]).fetchall() if g not in self._ts or ts > self._ts[g]]

@@ -56,7 +56,7 @@ class Snapshot:
     version: tuple[int, int, dt.datetime | None]
     ranked: tuple[dict[str, Any], ...]
     by_node: dict[str, dict[str, Any]]
-    gpus: dict[str, tuple[dict[str, Any], ...]]
+    gpus: GpuScores
 
     @property
     def scored_at(self) -> dt.datetime | None:
@@ -72,16 +72,42 @@ def build(cur: Cursor) -> Snapshot:
         n["node"], n["risk"], n["reasons"], n["top_gpu_uuid"], n["ts"], n["model_id"],
         strict=True)]
     rows.sort(key=lambda r: (r["risk"] is None, -(r["risk"] or 0.0), r["node"]))
-    g = latest.gpus.to_pydict()
-    gpus: dict[str, list[dict[str, Any]]] = {}
-    for node, uuid, index, model, p, reasons_raw, ts in zip(
-            g["node"], g["gpu_uuid"], g["gpu_index"], g["model"], g["risk"], g["reasons"],
-            g["ts"], strict=True):
-        gpus.setdefault(node, []).append(
-            queries.gpu_score(uuid, index, model, p, reasons_raw, ts))
     return Snapshot(version=latest.version, ranked=tuple(rows),
-                    by_node={r["node"]: r for r in rows},
-                    gpus={k: tuple(v) for k, v in gpus.items()})
+                    by_node={r["node"]: r for r in rows}, gpus=GpuScores(latest.gpus))
+
+
+class GpuScores:
+    """Each node's GPUs' latest scores (``queries.gpu_score`` dicts), built for a node when
+    it is first asked for: building all of them (16,384 GPUs, a JSON parse of reasons each)
+    held the interpreter ~0.1 s after every scoring run, which every request waited out."""
+
+    def __init__(self, table: Any) -> None:
+        self._cols = table.to_pydict()
+        self._rows: dict[str, list[int]] = {}
+        for i, node in enumerate(self._cols["node"]):
+            self._rows.setdefault(node, []).append(i)
+        self._built: dict[str, tuple[dict[str, Any], ...]] = {}
+
+    def get(self, node: str, default: tuple[dict[str, Any], ...] = ()
+            ) -> tuple[dict[str, Any], ...]:
+        got = self._built.get(node)
+        if got is not None:
+            return got
+        rows = self._rows.get(node)
+        if rows is None:
+            return default
+        c = self._cols
+        got = tuple(queries.gpu_score(c["gpu_uuid"][i], c["gpu_index"][i], c["model"][i],
+                                      c["risk"][i], c["reasons"][i], c["ts"][i])
+                    for i in rows)
+        self._built[node] = got  # a benign race: two readers build the same tuple
+        return got
+
+    def __contains__(self, node: object) -> bool:
+        return node in self._rows
+
+    def __len__(self) -> int:
+        return len(self._rows)
 
 
 @dataclass(frozen=True, slots=True)
