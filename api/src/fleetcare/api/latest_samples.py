@@ -25,6 +25,7 @@ source as before). New samples show within ``refresh_s``.
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import threading
 import time
@@ -51,9 +52,13 @@ class LatestSamples:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.refresh_s = refresh_s
         self.clock = clock
-        self._samples: dict[str, dict[str, Any]] = {}
+        self._samples: dict[str, str] = {}
+        """GPU -> its newest sample as JSON text: one object per GPU instead of ~70 (the
+        garbage collector's full passes walk every long-lived object; see
+        ``server.freeze_heap``)."""
         self._ts: dict[str, dt.datetime] = {}
         self._gpus_of: dict[str, set[str]] = {}
+        self._node_of: dict[str, str] = {}
         self._mark: dt.datetime | None = None  # the newest ts seen
         self.floor: dt.datetime | None = None  # complete from here on
         self._checked = -math.inf
@@ -72,10 +77,11 @@ class LatestSamples:
         if self.floor is None or since < self.floor:
             return None
         with self._data:
-            out = [self._samples[g] for g in self._gpus_of.get(node, ())
-                   if self._ts[g] >= since]
+            texts = [self._samples[g] for g in self._gpus_of.get(node, ())
+                     if self._ts[g] >= since]
+        out = [json.loads(t) for t in texts]
         out.sort(key=lambda s: (s["gpu_index"] is None, s["gpu_index"] or 0, s["gpu_uuid"]))
-        return [dict(s) for s in out]  # callers may change theirs
+        return out
 
     def warm(self, cur: Cursor) -> None:
         """Read the last ``WINDOW`` now (the service's start), not on the first request
@@ -100,9 +106,7 @@ class LatestSamples:
                 self._slack_checked = now
             else:
                 lo = self._mark
-            moved = [(g, ts) for g, ts in cur.execute(
-                "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= ? GROUP BY gpu_uuid",
-                [lo]).fetchall() if g not in self._ts or ts > self._ts[g]]
+            moved = self._moved(cur, lo, strict=floor is None and lo == self._mark)
             if moved:
                 self._take(cur, moved)
             if floor is not None:
@@ -110,6 +114,29 @@ class LatestSamples:
             self.refreshes += 1
         finally:
             self._lock.release()
+
+    def _moved(self, cur: Cursor, lo: dt.datetime, *, strict: bool
+               ) -> list[tuple[str, dt.datetime]]:
+        """(GPU, newest ts) of the GPUs whose newest sample at or after ``lo`` (after it:
+        ``strict``) is newer than the one held. The slack scan compares in DuckDB, so an
+        unchanged fleet costs no Python per GPU."""
+        if strict or not self._ts:  # only rows newer than any held: few, or the first load
+            op = ">" if strict else ">="
+            return [(g, t) for g, t in cur.execute(
+                f"SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts {op} ? GROUP BY gpu_uuid",
+                [lo]).fetchall() if g not in self._ts or t > self._ts[g]]
+        op = ">="
+        with self._data:
+            held = pa.table({"g": pa.array(list(self._ts), pa.string()),
+                             "t": pa.array(list(self._ts.values()), pa.timestamp("us"))})
+        cur.register("_fc_held", held)
+        try:
+            return cur.execute(
+                f"SELECT n.g, n.t FROM (SELECT gpu_uuid AS g, max(ts) AS t FROM telemetry "
+                f"WHERE ts {op} ? GROUP BY gpu_uuid) n LEFT JOIN _fc_held h ON h.g = n.g "
+                "WHERE h.t IS NULL OR n.t > h.t", [lo]).fetchall()
+        finally:
+            cur.unregister("_fc_held")
 
     def _take(self, cur: Cursor, moved: list[tuple[str, dt.datetime]]) -> None:
         want = pa.table({"g": pa.array([g for g, _ in moved], pa.string()),
@@ -132,10 +159,11 @@ class LatestSamples:
             ts: dt.datetime = sample["ts"]
             sample["ts"] = queries.iso_z(ts)
             gpu, node = sample["gpu_uuid"], sample["node"]
-            old = self._samples.get(gpu)
-            if old is not None and old["node"] != node:  # the GPU moved to another node
-                self._gpus_of.get(old["node"], set()).discard(gpu)
-            self._samples[gpu] = sample
+            was = self._node_of.get(gpu)
+            if was is not None and was != node:  # the GPU moved to another node
+                self._gpus_of.get(was, set()).discard(gpu)
+            self._samples[gpu] = json.dumps(sample, allow_nan=False)
+            self._node_of[gpu] = node
             self._ts[gpu] = ts
             self._gpus_of.setdefault(node, set()).add(gpu)
             if self._mark is None or ts > self._mark:

@@ -78,36 +78,38 @@ def build(cur: Cursor) -> Snapshot:
 
 class GpuScores:
     """Each node's GPUs' latest scores (``queries.gpu_score`` dicts), built for a node when
-    it is first asked for: building all of them (16,384 GPUs, a JSON parse of reasons each)
-    held the interpreter ~0.1 s after every scoring run, which every request waited out."""
+    it is asked for, from the Arrow table: building all of them (16,384 GPUs, a JSON parse
+    of reasons each) held the interpreter ~0.1 s after every scoring run, and the ~10^5
+    objects they were made of lengthened every full pass of the garbage collector."""
 
     def __init__(self, table: Any) -> None:
-        self._cols = table.to_pydict()
-        self._rows: dict[str, list[int]] = {}
-        for i, node in enumerate(self._cols["node"]):
-            self._rows.setdefault(node, []).append(i)
-        self._built: dict[str, tuple[dict[str, Any], ...]] = {}
+        import numpy as np
+        import pyarrow.compute as pc
+
+        order = pc.sort_indices(table, [("node", "ascending")]).to_numpy()
+        self._table = table.take(order) if table.num_rows else table
+        nodes = self._table.column("node").to_numpy(zero_copy_only=False)
+        self._span: dict[str, tuple[int, int]] = {}
+        if len(nodes):
+            starts = np.flatnonzero(np.r_[True, nodes[1:] != nodes[:-1]])
+            ends = np.r_[starts[1:], len(nodes)]
+            self._span = {str(nodes[a]): (int(a), int(b))
+                          for a, b in zip(starts, ends, strict=True)}
 
     def get(self, node: str, default: tuple[dict[str, Any], ...] = ()
             ) -> tuple[dict[str, Any], ...]:
-        got = self._built.get(node)
-        if got is not None:
-            return got
-        rows = self._rows.get(node)
-        if rows is None:
+        span = self._span.get(node)
+        if span is None:
             return default
-        c = self._cols
-        got = tuple(queries.gpu_score(c["gpu_uuid"][i], c["gpu_index"][i], c["model"][i],
-                                      c["risk"][i], c["reasons"][i], c["ts"][i])
-                    for i in rows)
-        self._built[node] = got  # a benign race: two readers build the same tuple
-        return got
+        rows = self._table.slice(span[0], span[1] - span[0]).to_pylist()
+        return tuple(queries.gpu_score(r["gpu_uuid"], r["gpu_index"], r["model"], r["risk"],
+                                       r["reasons"], r["ts"]) for r in rows)
 
     def __contains__(self, node: object) -> bool:
-        return node in self._rows
+        return node in self._span
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self._span)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,6 +12,7 @@ Neither configures logging handlers (uvicorn's ``log_config`` is off): the CLI d
 
 from __future__ import annotations
 
+import gc
 import signal
 import socket
 import threading
@@ -27,6 +28,17 @@ def _server(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Serve
     return uvicorn.Server(config)
 
 
+def freeze_heap() -> None:
+    """Move every object alive now (modules, the app, the warmed in-memory scores and
+    samples) out of the garbage collector's sight: a full collection then walks only what
+    was made since. Measured with ``bench/bench_api_load.py`` at 16,384 GPUs: the
+    collector's full passes over ~1 M long-lived objects were the API's p99 (100-150 ms
+    stalls at 200 req/s; with the collector off, p99 under 10 ms). Objects frozen here are
+    still freed by reference counting; only cyclic garbage among them would stay."""
+    gc.collect()
+    gc.freeze()
+
+
 def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
           log_level: str = "info") -> None:
     """Serve the API on ``host:port`` until SIGINT/SIGTERM (blocking), then return.
@@ -37,6 +49,7 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
     nothing, so ``serve`` returns and the caller shuts down in order.
     """
     server = _server(app, host, port, log_level)
+    freeze_heap()
     if threading.current_thread() is not threading.main_thread():
         server.run()
         return
@@ -65,6 +78,7 @@ def start_server_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, *,
     ``RuntimeError`` when the server does not come up (port taken, bad host) in time.
     """
     server = _server(app, host, port, log_level)
+    freeze_heap()
     failure: list[BaseException] = []
 
     def run() -> None:
