@@ -254,7 +254,7 @@ def main() -> None:
 
         token, _ = auth.create_token(store.cursor(), "read", name="bench")
         app = create_app(store)
-        server, thread = start_server_thread(app)
+        server, thread = start_server_thread(app, freeze=True)  # as `serve` does
         base = f"http://127.0.0.1:{bound_port(server)}"
 
         writing = threading.Event()

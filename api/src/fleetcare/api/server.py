@@ -71,14 +71,18 @@ def bound_port(server: uvicorn.Server) -> int:
 
 
 def start_server_thread(app: FastAPI, host: str = "127.0.0.1", port: int = 0, *,
-                        log_level: str = "warning", timeout_s: float = 15.0) -> tuple[uvicorn.Server, threading.Thread]:
+                        log_level: str = "warning", timeout_s: float = 15.0,
+                        freeze: bool = False) -> tuple[uvicorn.Server, threading.Thread]:
     """Start uvicorn on a daemon thread; return once ``host:port`` accepts connections.
 
-    ``port=0`` picks a free port: read it with ``bound_port(server)``. Raises
+    ``freeze``: ``freeze_heap`` first, as ``serve`` does (benchmarks of the service; not
+    tests, where objects of earlier tests would be frozen with it). ``port=0`` picks a
+    free port: read it with ``bound_port(server)``. Raises
     ``RuntimeError`` when the server does not come up (port taken, bad host) in time.
     """
     server = _server(app, host, port, log_level)
-    freeze_heap()
+    if freeze:
+        freeze_heap()
     failure: list[BaseException] = []
 
     def run() -> None:
