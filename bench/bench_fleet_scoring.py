@@ -6,9 +6,12 @@ A model is trained on a small simulated fleet, then a 12,500-node x 8-GPU fleet 
 + ``score`` (LightGBM, calibration, explanations, writing gpu_scores and node_scores).
 
 - cold: the first cycle after the history was loaded (every rollup row is built);
-- steady: ``--cycles`` times, one new tick for every GPU is landed through the store's
-  insert (``Store.insert_samples``, as the service's ingest worker does), then one cycle
-  is timed. Figures are the median over the cycles.
+- steady: ``--cycles`` times, one new tick (``--tick`` seconds, default ``--interval``) for
+  every GPU is landed through the store's insert (``Store.insert_samples``, as the
+  service's ingest worker does), then one cycle is timed. Figures are the median over the
+  cycles. Live features keep the week's full hours as a base built once per clock hour
+  (``features.BASES``): cycles that built it (the first of each hour) are reported
+  apart from those that only merged the partial hour (``hour_start`` / ``within_hour``).
 
 Each stage is reported in wall seconds and in CPU seconds of the process (both of
 DuckDB's threads count): on a shared machine the CPU seconds move less with other
@@ -19,6 +22,8 @@ builds. Peak RSS is the process's high-water mark over the whole run, and over t
 steady cycles alone (``/proc/self/clear_refs`` resets the mark before them).
 
     .venv/bin/python bench/bench_fleet_scoring.py [--nodes 12500] [--hours 2] [--cycles 5]
+    # a week of hourly history (every 7-day window full), 5-minute ticks after it:
+    .venv/bin/python bench/bench_fleet_scoring.py --hours 168 --interval 3600 --tick 300
 """
 
 from __future__ import annotations
@@ -64,7 +69,15 @@ def _reset_hwm() -> None:
         pass
 
 
+def _base_builds() -> int:
+    """Live-feature bases built so far (0 for code before they existed: ``PYTHONPATH`` at
+    another checkout's sources runs this bench on the code before a change)."""
+    bases = getattr(features, "BASES", None)
+    return bases.builds if bases is not None else 0
+
+
 def _cycle(store: Store) -> dict[str, float]:
+    builds = _base_builds()
     c0, t0 = time.process_time(), time.perf_counter()
     features.refresh(store)
     c1, t1 = time.process_time(), time.perf_counter()
@@ -75,7 +88,8 @@ def _cycle(store: Store) -> dict[str, float]:
     return {"refresh_s": t1 - t0, "latest_features_s": t2 - t1, "score_s": t3 - t2,
             "cycle_s": t3 - t0, "cycle_cpu_s": c3 - c0, "refresh_cpu_s": c1 - c0,
             "latest_features_cpu_s": c2 - c1, "score_cpu_s": c3 - c2,
-            "gpus": feats.num_rows, "scored_nodes": result.node_scores.num_rows}
+            "gpus": feats.num_rows, "scored_nodes": result.node_scores.num_rows,
+            "base_built": _base_builds() > builds}
 
 
 def _ingest_tick(store: Store, sim: FleetSimulator, t: dt.datetime, interval_s: int) -> int:
@@ -119,8 +133,12 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=12_500)
     p.add_argument("--hours", type=float, default=2)
     p.add_argument("--interval", type=int, default=300)
+    p.add_argument("--tick", type=int, default=None,
+                   help="seconds of telemetry landed before each steady cycle "
+                        "(default: --interval)")
     p.add_argument("--cycles", type=int, default=5)
     args = p.parse_args()
+    tick = args.tick or args.interval
     with tempfile.TemporaryDirectory() as tmp:
         small = Store(Path(tmp) / "small.duckdb")
         spec = FleetSpec(nodes=24, seed=5, failure_scale=20)
@@ -146,7 +164,7 @@ def main() -> None:
         t = end
         for _ in range(args.cycles):
             t0 = time.perf_counter()
-            new = _ingest_tick(big, sim, t, args.interval)
+            new = _ingest_tick(big, sim, t, tick)
             ingest_s = time.perf_counter() - t0
             row = _cycle(big)
             row["ingest_s"] = ingest_s
@@ -154,18 +172,24 @@ def main() -> None:
             row["rollup_ceiling_s"] = _rollup_ceiling(big, t - dt.timedelta(microseconds=1))
             row["predict_ceiling_s"] = _predict_ceiling(big, features.latest_features(big))
             steady.append(row)
-            t += dt.timedelta(seconds=args.interval)
+            t += dt.timedelta(seconds=tick)
         steady_hwm = _hwm_mib()
         big.close()
-    med = {k: _median(steady, k) for k in (
-        "refresh_s", "latest_features_s", "score_s", "cycle_s", "ingest_s",
-        "rollup_ceiling_s", "predict_ceiling_s", "refresh_cpu_s", "latest_features_cpu_s",
-        "score_cpu_s", "cycle_cpu_s")}
+    keys = ("refresh_s", "latest_features_s", "score_s", "cycle_s", "ingest_s",
+            "rollup_ceiling_s", "predict_ceiling_s", "refresh_cpu_s", "latest_features_cpu_s",
+            "score_cpu_s", "cycle_cpu_s")
+    med = {k: _median(steady, k) for k in keys}
+    split = {}
+    for name, rows in (("hour_start", [r for r in steady if r["base_built"]]),
+                       ("within_hour", [r for r in steady if not r["base_built"]])):
+        if rows:
+            split[name] = {"cycles": len(rows), **{k: _median(rows, k) for k in keys}}
     report("fleet_scoring", {
         "gpus": cold["gpus"], "history_samples": loaded.samples,
         "history_load_s": round(load_s, 2),
         "cold": {k: round(v, 3) for k, v in cold.items()},
-        "steady_median": med, "steady_cycles": len(steady),
+        "tick_s": tick,
+        "steady_median": med, "steady_cycles": len(steady), **split,
         "new_samples_per_cycle": steady[0]["new_samples"],
         "steady_cycle_s_each": [round(r["cycle_s"], 3) for r in steady],
         "steady_cycle_cpu_s_each": [round(r["cycle_cpu_s"], 3) for r in steady],

@@ -1,0 +1,129 @@
+"""Live features = the week's full hours held as a base + the partial hour merged in.
+
+The reference is one aggregate over every hour up to ``at`` (how live features were
+computed before the split, issue 15 §2): the split must give the same rows at any
+``at``, keep its base while only the partial hour moves, and rebuild it when anything
+it read changes (late telemetry re-rolled into a past hour, a late XID, a new hour).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from fleetcare.collectors.contract import XidEvent
+from fleetcare.pipeline import features, rollup
+from fleetcare.pipeline.feature_defs import LEMON_DAYS, WINDOWS, now_sql, windowed_sql
+from fleetcare.pipeline.store import Store
+
+from .test_features import _history, _same, at, sample
+
+
+def _one_pass(store: Store, when: dt.datetime) -> object:
+    """Live features in one filtered aggregate per GPU over all hours (the reference)."""
+    cur = store.cursor()
+    source = features._source(store, cur, rollup._ts(when), exact=True)
+    at_sql = features._lit(rollup._ts(when))
+    hf = f"date_trunc('hour', {at_sql})"
+
+    def agg(fn: str, expr: str, w: str) -> str:
+        keep = f"hour >= {hf} - INTERVAL {WINDOWS[w]} HOUR"
+        if fn.startswith("regr_"):
+            y, x = expr.split(", ")
+            return f"{fn}(CASE WHEN {keep} THEN {y} END, {x})"
+        return f"{fn}(CASE WHEN {keep} THEN {expr} END)"
+
+    feats = ",\n".join(f"{sql} AS {name}" for name, sql in windowed_sql(agg))
+    now = ",\n".join(f"arg_max({sql}, hour) AS {name}" for name, sql in now_sql())
+    lo = f"{hf} - INTERVAL {features._LOOKBACK_H} HOUR"
+    stale = int(features.STALE_AFTER.total_seconds())
+    tele = f"""
+src AS (SELECT * FROM {source} WHERE hour >= {lo} AND hour <= {hf}),
+{features._xev(f"{lo} - INTERVAL {LEMON_DAYS * 24 - features._LOOKBACK_H} HOUR",
+               f"e.ts <= {at_sql}")},
+h AS (
+  SELECT s.* EXCLUDE (gpu_uuid, hour), x.* EXCLUDE (gpu_uuid, hour),
+    coalesce(s.gpu_uuid, x.gpu_uuid) AS gpu_uuid, coalesce(s.hour, x.hour) AS hour
+  FROM src s FULL OUTER JOIN (SELECT * FROM xb WHERE hour >= {lo}) x
+    ON x.gpu_uuid = s.gpu_uuid AND x.hour = s.hour
+),
+h2 AS (SELECT *, {features._DERIVED} FROM h),
+tele AS (
+  SELECT {at_sql} AS ts, {at_sql} AS te, gpu_uuid, arg_max(node, hour) AS node,
+    arg_max(gpu_index, hour) AS gpu_index, arg_max(model, hour) AS model,
+    max(last_ts) AS last_seen, {feats}, {now}
+  FROM h2 GROUP BY gpu_uuid HAVING max(last_ts) >= {at_sql} - INTERVAL {stale} SECOND
+)"""
+    try:
+        features._register_xmap(cur)
+        return features._finish(cur.sql("WITH " + tele + features._tail(None)).to_arrow_table())
+    finally:
+        cur.close()
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "f.duckdb") as s:
+        yield s
+
+
+@pytest.mark.parametrize("minutes", [5, 61, 455, 539, 599, 600])
+def test_split_equals_one_pass(store, minutes):
+    _history(store, 10)
+    features.refresh(store, until=at(minutes))
+    live = features.latest_features(store, at(minutes))
+    assert live.num_rows == 3
+    _same(live, _one_pass(store, at(minutes)))
+
+
+def test_base_held_within_the_hour_rebuilt_when_what_it_read_changes(store):
+    _history(store, 8)              # samples every 10 min to 7:50
+    builds = features.BASES.builds
+
+    def live(minutes: float) -> object:
+        features.refresh(store)
+        got = features.latest_features(store, at(minutes))
+        _same(got, _one_pass(store, at(minutes)))
+        return got
+
+    live(470)
+    assert features.BASES.builds == builds + 1
+    # more of the same hour: the base is kept, the partial hour moves
+    store.insert_sample_records([sample(475, gpu=f"G{g}", index=g, node=f"n{g % 2}",
+                                        gpu_temp_c=90.0, ecc_corrected_volatile=500)
+                                 for g in range(3)])
+    after = live(476)
+    assert features.BASES.builds == builds + 1
+    assert after.column("gpu_temp_max_1h").to_pylist() == [90.0] * 3
+    # a late sample in a past hour (an agent's spool replayed): re-rolled, base rebuilt
+    store.insert_sample_records([sample(395, gpu="G0", gpu_temp_c=99.0)])
+    late = live(477)
+    assert features.BASES.builds == builds + 2
+    assert late.column("gpu_temp_max_24h").to_pylist()[0] == 99.0
+    # a late XID in a past hour: base rebuilt
+    store.insert_events([XidEvent(ts=at(400), node="n0", xid=79, message="fell off the bus",
+                                  source="sim", gpu_uuid="G0")])
+    live(478)
+    assert features.BASES.builds == builds + 3
+    # a new clock hour: base rebuilt once, then held
+    store.insert_sample_records([sample(m, gpu=f"G{g}", index=g, node=f"n{g % 2}")
+                                 for g in range(3) for m in (480, 485)])
+    live(482)
+    live(486)
+    assert features.BASES.builds == builds + 4
+
+
+def test_a_gpu_seen_only_this_hour_and_one_gone_quiet(store):
+    _history(store, 3)
+    store.insert_sample_records([sample(m, gpu="NEW", index=7, node="n9") for m in (185, 190)])
+    # XIDs named by PCI bus or index only, in past hours and in this one
+    store.insert_events([
+        XidEvent(ts=at(m), node=node, xid=xid, message="x", source="kernel-log", **kw)
+        for m, node, xid, kw in [(70, "n0", 48, {"pci_bus_id": "0000:10:00.0"}),
+                                 (186, "n9", 79, {"pci_bus_id": "0000:17:00.0"}),
+                                 (187, "n1", 31, {"gpu_index": 1})]])
+    features.refresh(store)
+    live = features.latest_features(store, at(191))
+    _same(live, _one_pass(store, at(191)))
+    assert "NEW" in live.column("gpu_uuid").to_pylist()
