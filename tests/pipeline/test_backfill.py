@@ -41,8 +41,8 @@ from fleetcare.pipeline.backfill import (
     chunks,
     metric_queries,
     progress_key,
-    samples_from_matrix,
 )
+from fleetcare.pipeline.prom_columns import decode_matrix, samples_table
 from fleetcare.pipeline.store import Store
 
 from .prom_history import Series, dcgm_series, free_port, running_prometheus
@@ -331,15 +331,19 @@ def test_matrix_rows_group_metrics_by_gpu_and_time() -> None:
             {"metric": {"__name__": "DCGM_FI_DEV_MEMORY_TEMP", "Hostname": "node-00000",
                         "UUID": "GPU-e8fbb7d1-aacb-9ef9-fe51-dc2b67b60d89", "gpu": "0"},
              "values": [[1748736060, "NaN"]]}]
-    rows = samples_from_matrix([doc["data"]["result"], link])
+    matrices = [decode_matrix(json.dumps(d).encode()) for d in
+                (doc, {"status": "success", "data": {"resultType": "matrix", "result": link}})]
+    assert None not in matrices
+    rows = samples_table([m[0] for m in matrices if m is not None]).to_pylist()
     assert len(rows) == 6
-    r = next(s for s in rows if s.node == "node-00000"
-             and s.ts == dt.datetime(2025, 6, 1, 0, 1, tzinfo=dt.UTC))
-    assert (r.power_w, r.pci_bus_id, r.model) == (72.2, "00000000:18:00.0", "NVIDIA H100 80GB HBM3")
-    assert r.nvlink_crc_flit == [0, 0, 7] and r.mem_temp_c is None
-    other = next(s for s in rows if s.node == "node-00001"
-                 and s.ts == dt.datetime(2025, 6, 1, 0, 2, tzinfo=dt.UTC))
-    assert other.power_w == 632.6 and other.nvlink_crc_flit is None
+    r = next(s for s in rows if s["node"] == "node-00000"
+             and s["ts"] == dt.datetime(2025, 6, 1, 0, 1))
+    assert (r["power_w"], r["pci_bus_id"], r["model"]) == (
+        72.2, "00000000:18:00.0", "NVIDIA H100 80GB HBM3")
+    assert r["nvlink_crc_flit"] == [0, 0, 7] and r["mem_temp_c"] is None
+    other = next(s for s in rows if s["node"] == "node-00001"
+                 and s["ts"] == dt.datetime(2025, 6, 1, 0, 2))
+    assert other["power_w"] == 632.6 and other["nvlink_crc_flit"] is None
 
 
 # -- errors say what is wrong and the fix --------------------------------------------------------------

@@ -4,9 +4,10 @@
 on a grid of ``step`` seconds (the scrape interval). For each chunk it asks Prometheus'
 HTTP API ``/api/v1/query_range`` once per mapped ``DCGM_FI_*`` metric (``FIELD_MAP`` and
 ``NVLINK_MAP`` of ``fleetcare.collectors.dcgm_exporter``), groups the points by
-timestamp, turns them into ``GpuSample`` rows with the exporter's own mapping
-(``samples_from_series``: identity labels, DCGM blanks → null, MIG, per-link NVLink) and
-inserts them through ``Store`` (idempotent by ``(gpu_uuid, ts)``).
+timestamp, turns them into GPU sample columns with the exporter's own rules
+(``prom_columns.samples_table``: identity labels, DCGM blanks → null, MIG, per-link
+NVLink; numpy per series, not Python per point) and inserts them through ``Store``
+(idempotent by ``(gpu_uuid, ts)``).
 
 Resumable: after each chunk is stored, the meta row ``backfill:<url>[<match>]:done_until``
 records the end of the covered range (``...:from`` its start); a later run with the same
@@ -39,21 +40,15 @@ import math
 import time
 import urllib.error
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from fleetcare.collectors.contract import GpuSample
-from fleetcare.collectors.dcgm_exporter import (
-    FIELD_MAP,
-    NVLINK_MAP,
-    Fetch,
-    SeriesMeaning,
-    gpu_samples,
-    meaning,
-    urllib_fetch,
-)
+import numpy as np
+
+from fleetcare.collectors.dcgm_exporter import FIELD_MAP, NVLINK_MAP, Fetch, urllib_fetch
 from fleetcare.collectors.redact import mask_secrets
+from fleetcare.pipeline.prom_columns import Matrix, decode_matrix, samples_table
 from fleetcare.pipeline.store import Store
 
 log = logging.getLogger(__name__)
@@ -148,11 +143,28 @@ class PrometheusClient:
 
     def query_range(self, query: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
         """The ``result`` list of a matrix query: ``[{"metric": {...}, "values": [[t, "v"]]}]``."""
+        return self._result(self._get(query, start, end, step), query)
+
+    def query_matrix(self, query: str, start: float, end: float, step: float) -> Matrix:
+        """The same answer as ``(labels, points)`` arrays (``prom_columns.decode_matrix``);
+        anything but a clean matrix goes through ``query_range``'s checks and errors."""
+        raw = self._get(query, start, end, step)
+        got = decode_matrix(raw)
+        if got is None:
+            return [(dict(e.get("metric") or {}),
+                     np.array([(float(t), float(v)) for t, v in e.get("values") or ()],
+                              dtype=np.float64).reshape(-1, 2))
+                    for e in self._result(raw, query)]
+        matrix, warnings = got
+        self._warn(warnings)
+        return matrix
+
+    def _get(self, query: str, start: float, end: float, step: float) -> bytes:
         params = urllib.parse.urlencode({"query": query, "start": _num(start),
                                          "end": _num(end), "step": _num(step)})
         req = f"{self.url}/api/v1/query_range?{params}"
         try:
-            raw = self._fetch(req, self._timeout)
+            return self._fetch(req, self._timeout)
         except urllib.error.HTTPError as exc:
             body = _read(exc)
             raise self._api_error(exc.code, body, query) from exc
@@ -162,18 +174,23 @@ class PrometheusClient:
                 self.url, f"cannot reach Prometheus at {self.url}: {reason}. Check the URL "
                           "(scheme, host, port; Prometheus listens on 9090 by default) and "
                           f"that the server is up: curl {self.url}/-/ready") from exc
+
+    def _result(self, raw: bytes, query: str) -> list[dict[str, Any]]:
         doc = self._decode(raw, 200)
         if doc.get("status") != "success":
             raise self._api_error(200, raw, query)
-        for w in doc.get("warnings") or ():
-            log.warning("backfill.prometheus_warning url=%s warning=%s",
-                        mask_secrets(self.url), w)
+        self._warn(doc.get("warnings") or ())
         data = doc.get("data") or {}
         if data.get("resultType") != "matrix":
             raise BackfillError(self.url, f"{self.url} answered a range query with resultType "
                                           f"{data.get('resultType')!r}, not 'matrix'; is this "
                                           "a Prometheus-compatible API?")
         return list(data.get("result") or [])
+
+    def _warn(self, warnings: Iterable[str]) -> None:
+        for w in warnings:
+            log.warning("backfill.prometheus_warning url=%s warning=%s",
+                        mask_secrets(self.url), w)
 
     def _decode(self, raw: bytes, http_status: int) -> dict[str, Any]:
         try:
@@ -231,38 +248,6 @@ def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(float(x))
 
 
-# -- mapping ----------------------------------------------------------------------------------
-def samples_from_matrix(results: list[list[dict[str, Any]]], *,
-                        node_label: str | None = None) -> list[GpuSample]:
-    """``GpuSample`` rows from the matrices of several metrics, one row per (GPU, ts).
-
-    ``node_label``: the label naming the node (default: dcgm-exporter's ``Hostname``).
-    Each series' meaning (GPU, field) is worked out once, not once per point.
-    """
-    by_ts: dict[float, list[tuple[SeriesMeaning, float]]] = {}
-    for result in results:
-        for entry in result:
-            labels = dict(entry.get("metric") or {})
-            name = labels.pop("__name__", "")
-            if node_label and node_label in labels:
-                labels["Hostname"] = labels[node_label]
-            m = meaning(name, labels)
-            if m is None:
-                continue
-            for t, v in entry.get("values") or ():
-                point = (m, float(v))
-                got = by_ts.get(t)
-                if got is None:
-                    by_ts[t] = [point]
-                else:
-                    got.append(point)
-    out: list[GpuSample] = []
-    for t in sorted(by_ts, key=float):
-        samples, _ = gpu_samples(by_ts[t], ts=dt.datetime.fromtimestamp(float(t), dt.UTC))
-        out.extend(samples)
-    return out
-
-
 # -- the backfill --------------------------------------------------------------------------------
 def backfill(store: Store, url: str, start: dt.datetime, end: dt.datetime, *,
              step_s: float = 60.0, chunk_s: float = 6 * 3600.0, match: str = "",
@@ -301,16 +286,15 @@ def backfill(store: Store, url: str, start: dt.datetime, end: dt.datetime, *,
     if progress:
         progress(0, len(plan))
     for i, (c0, c1) in enumerate(plan):
-        results = [client.query_range(q, c0, c1, step_s) for q in queries]
-        points += sum(len(e.get("values") or ()) for r in results for e in r)
-        rows = samples_from_matrix(results, node_label=node_label)
-        n_samples += len(rows)
-        new = store.insert_sample_records(rows)
+        results = [client.query_matrix(q, c0, c1, step_s) for q in queries]
+        points += sum(len(p) for r in results for _, p in r)
+        rows = samples_table(results, node_label=node_label)
+        n_samples += rows.num_rows
+        new = store.insert_samples(rows)
         added += new
         store.set_meta(key, _iso(c1 + step_s))
         log.debug("backfill.chunk url=%s start=%s rows=%d added=%d", mask_secrets(client.url),
-                  _num(c0),
-                  len(rows), new)
+                  _num(c0), rows.num_rows, new)
         if progress:
             progress(i + 1, len(plan))
     first = plan[0][0] if plan else a
