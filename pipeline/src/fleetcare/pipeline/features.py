@@ -99,20 +99,22 @@ def _xid_buckets(key: str) -> str:
     return f"SELECT {key}, date_trunc('hour', ts) AS hour, {cols} FROM xev GROUP BY ALL"
 
 
-_IDENT_FROM_SRC = f"""
+def _ident(rows: str = "src") -> str:
+    """The CTE ``ident``: each GPU's newest identity over the hourly ``rows``."""
+    return f"""
 ident AS (
   SELECT gpu_uuid, arg_max(node, hour) AS node, arg_max(gpu_index, hour) AS gpu_index,
          arg_max({_bus('pci_bus_id')}, hour) AS bus
-  FROM src GROUP BY gpu_uuid
+  FROM {rows} GROUP BY gpu_uuid
 )"""
 
 
-def _xev(lo: str, hi_cond: str, ident: str = _IDENT_FROM_SRC) -> str:
+def _xev(lo: str, hi_cond: str, ident: str | None = None) -> str:
     """XID events with their GPU resolved (uuid, else PCI bus on the node, else index).
 
     ``ident`` is a CTE ``ident(gpu_uuid, node, gpu_index, bus)``: each GPU's newest
     identity (by default over ``src``)."""
-    return f"""{ident},
+    return f"""{ident or _ident()},
 ib AS (SELECT node, bus, min(gpu_uuid) AS gpu_uuid FROM ident GROUP BY node, bus),
 ii AS (SELECT node, gpu_index, min(gpu_uuid) AS gpu_uuid FROM ident GROUP BY node, gpu_index),
 xev AS (
@@ -189,34 +191,46 @@ def _base_sql(source: str, hf: str) -> str:
 
     Mergeable states only (sums, maxima, the regression's count, means and sums of
     squares, each ``now`` value's newest non-null): ``_tele_live`` adds the partial hour
-    ``[hf, at]`` to them. XIDs without a uuid are attributed with the identity GPUs had
-    before ``hf`` (live scoring before this split used the newest one, partial hour
-    included: they differ only for a GPU whose node, bus or index changed this hour).
+    ``[hf, at]`` to them. Each window is aggregated over its own hours only (the 1-hour
+    states read one row per GPU, not the week's 168). XIDs without a uuid are attributed
+    with the identity GPUs had before ``hf`` (live scoring before this split used the
+    newest one, partial hour included: they differ only for a GPU whose node, bus or
+    index changed this hour).
     """
     lo = f"{hf} - INTERVAL {_LOOKBACK_H} HOUR"
-    cols = []
+    by_window: dict[str, list[str]] = {w: [] for w in WINDOWS}
     for (fn, expr, w), col in _STATES.items():
-        keep = f"hour >= {hf} - INTERVAL {WINDOWS[w]} HOUR"
         if fn.startswith("regr_"):
             y, x = expr.split(", ")
-            cols += [f"{f}(CASE WHEN {keep} THEN {y} END, {x}) AS {col}_{k}" for k, f in _REGR]
+            by_window[w] += [f"{f}({y}, {x}) AS {col}_{k}" for k, f in _REGR]
         else:
-            cols.append(f"{fn}(CASE WHEN {keep} THEN {expr} END) AS {col}")
-    cols += [f"arg_max({sql}, hour) AS b_{name}" for name, sql in now_sql()]
+            by_window[w].append(f"{fn}({expr}) AS {col}")
+    by_window[max(WINDOWS, key=WINDOWS.__getitem__)] += [
+        "arg_max(node, hour) AS b_node", "arg_max(gpu_index, hour) AS b_gpu_index",
+        "arg_max(model, hour) AS b_model", f"arg_max({_bus('pci_bus_id')}, hour) AS b_bus",
+        "max(last_ts) AS b_last_seen",
+        *(f"arg_max({sql}, hour) AS b_{name}" for name, sql in now_sql())]
+    parts = []
+    for w, hours in sorted(WINDOWS.items(), key=lambda kv: -kv[1]):
+        parts.append(f"""
+a_{w} AS (
+  SELECT gpu_uuid, {", ".join(by_window[w])}
+  FROM (
+    SELECT *, {_DERIVED} FROM (
+      SELECT s.* EXCLUDE (gpu_uuid, hour), x.* EXCLUDE (gpu_uuid, hour),
+        coalesce(s.gpu_uuid, x.gpu_uuid) AS gpu_uuid, coalesce(s.hour, x.hour) AS hour
+      FROM (SELECT * FROM {source}
+            WHERE hour >= {hf} - INTERVAL {hours} HOUR AND hour < {hf}) s
+      FULL OUTER JOIN (SELECT * FROM xb WHERE hour >= {hf} - INTERVAL {hours} HOUR) x
+        ON x.gpu_uuid = s.gpu_uuid AND x.hour = s.hour))
+  GROUP BY gpu_uuid
+)""")
+    widest, *others = sorted(WINDOWS, key=lambda k: -WINDOWS[k])
+    joins = " ".join(f"LEFT JOIN a_{w} USING (gpu_uuid)" for w in others)
+    ident = _ident(f"(SELECT * FROM {source} WHERE hour >= {lo} AND hour < {hf})")
     return f"""WITH
-src AS (SELECT * FROM {source} WHERE hour >= {lo} AND hour < {hf}),
-{_xev(lo, f"e.ts < {hf}")},
-h AS (
-  SELECT s.* EXCLUDE (gpu_uuid, hour), x.* EXCLUDE (gpu_uuid, hour),
-    coalesce(s.gpu_uuid, x.gpu_uuid) AS gpu_uuid, coalesce(s.hour, x.hour) AS hour
-  FROM src s FULL OUTER JOIN xb x ON x.gpu_uuid = s.gpu_uuid AND x.hour = s.hour
-),
-h2 AS (SELECT *, {_DERIVED} FROM h)
-SELECT gpu_uuid AS b_gpu_uuid, arg_max(node, hour) AS b_node,
-  arg_max(gpu_index, hour) AS b_gpu_index, arg_max(model, hour) AS b_model,
-  arg_max({_bus('pci_bus_id')}, hour) AS b_bus, max(last_ts) AS b_last_seen,
-  {", ".join(cols)}
-FROM h2 GROUP BY gpu_uuid"""
+{_xev(lo, f"e.ts < {hf}", ident)},{",".join(parts)}
+SELECT gpu_uuid AS b_gpu_uuid, * EXCLUDE (gpu_uuid) FROM a_{widest} {joins}"""
 
 
 def _merge(fn: str, expr: str, w: str) -> str:
