@@ -145,3 +145,35 @@ def test_appending_refresh_with_until_then_the_rest(tmp_path: Path, late_first: 
     _assert_same_rows(_hourly(live), _hourly(once))
     live.close()
     once.close()
+
+
+def test_append_baselines_from_older_hours_where_recent_ones_are_null(tmp_path: Path) -> None:
+    """The appended GPU's state comes from the watermark's hour first; a counter null
+    there (a failed read for an hour, one the GPU never reports) and a GPU back after
+    hours away take theirs from further back, as a rollup of everything does."""
+    from fleetcare.collectors.contract import GpuSample
+
+    t0 = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
+
+    def s(minutes: int, gpu: str, ecc: int | None, replay: int | None = 5) -> GpuSample:
+        return GpuSample(ts=t0 + dt.timedelta(minutes=minutes), node="n0", gpu_uuid=gpu,
+                         gpu_index=0 if gpu == "A" else 1, pci_bus_id="0000:10:00.0",
+                         model="H100", ecc_corrected_volatile=ecc, pcie_replay_count=replay)
+
+    ticks = [
+        [s(10, "A", 100), s(10, "B", 7, None)],            # hour 0
+        [s(70, "A", None), s(130, "A", None)],             # A's ECC read fails for hours
+        [s(190, "A", 130), s(190, "B", 9, None)],          # B back after hours away
+        [s(195, "A", 140, 8), s(195, "B", 12, None)],      # B never reports replays
+    ]
+    with Store(tmp_path / "inc.duckdb") as inc, Store(tmp_path / "once.duckdb") as once:
+        for tick in ticks:
+            inc.insert_sample_records(tick)
+            rollup.refresh(inc)
+            once.insert_sample_records(tick)
+        rollup.refresh(once, full=True)
+        _assert_same_rows(_hourly(inc), _hourly(once))
+        rows = {(r["gpu_uuid"], r["hour"].hour): r for r in _hourly(inc)}
+        assert rows[("A", 3)]["ecc_corrected_volatile_inc"] == 40     # 100 → 130 → 140
+        assert rows[("B", 3)]["ecc_corrected_volatile_inc"] == 5      # 7 → 9 → 12
+        assert rows[("B", 3)]["pcie_replay_count_inc"] is None

@@ -135,7 +135,8 @@ def _inc(cur: str, prev: str) -> str:
             f"WHEN {cur} >= {prev} THEN {cur} - {prev} ELSE {cur} END")
 
 
-def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, append: bool = False) -> str:
+def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, append: bool = False,
+               base: str | None = None) -> str:
     """SELECT of hourly rows from raw telemetry with ``lo <= ts <= hi``.
 
     ``lo`` / ``hi`` are SQL expressions (parameters or literals); ``lo`` must be on an hour
@@ -143,7 +144,8 @@ def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, append: bool = False
     come from ``telemetry_hourly`` rows before ``lo``; with ``append``, ``raw`` holds only
     samples newer than every rolled-up sample of their GPU, the baselines come from all
     of those GPUs' rows from ``lo`` on too (each GPU's state at its newest rolled sample),
-    and the result is the part of each hour those samples add (``merge_sql``).
+    and the result is the part of each hour those samples add (``merge_sql``). ``base``
+    names a relation holding those states already (``_append_base``).
     """
     base_state = ", ".join(f"arg_max({c}, hour) AS {c[:-5]}" for c in _STATE_COLS)
     raw_cols = ", ".join(
@@ -162,6 +164,13 @@ def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, append: bool = False
              "list_count(list_filter(list_zip(nvlink_up_prev, nvlink_up), "
              "lambda x: x[1] AND NOT x[2])) END")
     flags = ", ".join(f"arg_max({f}, ts) AS {f}_last" for f in FLAGS)
+    which = "gpu_uuid IN (SELECT gpu_uuid FROM fresh)" if append else f"hour < {lo}"
+    base_sql = f"SELECT *, TRUE AS is_base FROM {base}" if base else f"""
+  SELECT gpu_uuid, max(last_ts) AS ts, {base_state}, TRUE AS is_base
+  FROM {TABLE}
+  WHERE {which}
+    AND hour >= {lo} - INTERVAL {int(BASELINE_LOOKBACK.total_seconds())} SECOND
+  GROUP BY gpu_uuid"""
     return f"""
 WITH fresh AS (
   SELECT ts, gpu_uuid, node, gpu_index, pci_bus_id, model, {raw_cols},
@@ -170,13 +179,7 @@ WITH fresh AS (
          clock_event_reasons, FALSE AS is_base
   FROM {raw} WHERE ts >= {lo} AND ts <= {hi}
 ),
-base AS (
-  SELECT gpu_uuid, max(last_ts) AS ts, {base_state}, TRUE AS is_base
-  FROM {TABLE}
-  WHERE {"gpu_uuid IN (SELECT gpu_uuid FROM fresh)" if append else f"hour < {lo}"}
-    AND hour >= {lo} - INTERVAL {int(BASELINE_LOOKBACK.total_seconds())} SECOND
-  GROUP BY gpu_uuid
-),
+base AS ({base_sql}),
 raw AS (
   SELECT * FROM fresh
   UNION ALL BY NAME
@@ -382,8 +385,10 @@ def _append(store: Store, cur: duckdb.DuckDBPyConnection, lo: dt.datetime,
         else:
             late = (0, None)
             fresh = f"(SELECT * FROM {raw} WHERE ts > {_sql_ts(mark)})"
+        _append_base(cur, fresh, lo_s)
         cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_part AS "
-                    f"{rollup_sql(lo_s, hi_s, fresh, append=True)}").fetchall()
+                    f"{rollup_sql(lo_s, hi_s, fresh, append=True, base='_fc_base')}"
+                    ).fetchall()
         cols = [r[0] for r in cur.execute(f"DESCRIBE {TABLE}").fetchall()]
         cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_merged AS "
                     f"{merge_sql('_fc_part', cols, lo_s)}").fetchall()
@@ -407,10 +412,49 @@ def _append(store: Store, cur: duckdb.DuckDBPyConnection, lo: dt.datetime,
         cur.execute("ROLLBACK").fetchall()
         raise
     finally:
-        for t in ("_fc_rolled", "_fc_late", "_fc_part", "_fc_merged"):
+        for t in ("_fc_rolled", "_fc_late", "_fc_part", "_fc_merged", "_fc_gpus", "_fc_base"):
             cur.execute(f"DROP TABLE IF EXISTS {t}").fetchall()
     log.info("features.rollup_append from=%s until=%s rows=%d late_gpus=%d rerolled=%d",
              lo, hi, added, late[0], rerolled)
+
+
+def _append_base(cur: duckdb.DuckDBPyConnection, fresh: str, lo_s: str) -> None:
+    """``_fc_base``: each appended GPU's state at its newest rolled-up sample — its newest
+    rolled sample's ts and each state column's newest non-null value over
+    ``BASELINE_LOOKBACK`` before ``lo_s`` (what ``rollup_sql``'s own base computes).
+
+    The rows from ``lo_s`` on (the watermark's hour) hold it for almost every GPU and
+    column, so they are read first; only a GPU with no row since then, or a column null
+    in all of them, looks further back (per column: a counter the GPU never reports,
+    such as retired pages on Ampere and later, is skipped by DuckDB's column statistics
+    without reading the week). Reading the week for every column took 2 s a cycle at
+    100,000 GPUs.
+    """
+    names = [c[:-5] for c in _STATE_COLS]
+    back = f"{lo_s} - INTERVAL {int(BASELINE_LOOKBACK.total_seconds())} SECOND"
+    state = ", ".join(f"arg_max({c}, hour) AS {n}" for c, n in zip(_STATE_COLS, names,
+                                                                    strict=True))
+    cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_gpus AS SELECT DISTINCT gpu_uuid FROM {fresh}"
+                ).fetchall()
+    cur.execute(f"""CREATE OR REPLACE TEMP TABLE _fc_base AS
+        SELECT gpu_uuid, max(last_ts) AS ts, {state} FROM {TABLE}
+        WHERE hour >= {lo_s} AND gpu_uuid IN (SELECT gpu_uuid FROM _fc_gpus)
+        GROUP BY gpu_uuid""").fetchall()
+    cur.execute(f"""INSERT INTO _fc_base
+        SELECT gpu_uuid, max(last_ts) AS ts, {state} FROM {TABLE}
+        WHERE hour >= {back} AND hour < {lo_s} AND gpu_uuid IN (
+          SELECT gpu_uuid FROM _fc_gpus WHERE gpu_uuid NOT IN (SELECT gpu_uuid FROM _fc_base))
+        GROUP BY gpu_uuid""").fetchall()
+    nulls = cur.execute("SELECT " + ", ".join(f"count(*) FILTER (WHERE {n} IS NULL)"
+                                              for n in names) + " FROM _fc_base").fetchall()[0]
+    for col, name, k in zip(_STATE_COLS, names, nulls, strict=True):
+        if k:
+            cur.execute(f"""UPDATE _fc_base b SET {name} = o.v FROM (
+                SELECT gpu_uuid, arg_max({col}, hour) AS v FROM {TABLE}
+                WHERE hour >= {back} AND hour < {lo_s} AND {col} IS NOT NULL
+                  AND gpu_uuid IN (SELECT gpu_uuid FROM _fc_base WHERE {name} IS NULL)
+                GROUP BY gpu_uuid) o
+                WHERE b.gpu_uuid = o.gpu_uuid AND b.{name} IS NULL""").fetchall()
 
 
 def _sql_ts(ts: dt.datetime) -> str:
