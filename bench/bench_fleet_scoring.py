@@ -9,9 +9,11 @@ A model is trained on a small simulated fleet, then a 12,500-node x 8-GPU fleet 
 - steady: ``--cycles`` times, one new tick (``--tick`` seconds, default ``--interval``) for
   every GPU is landed through the store's insert (``Store.insert_samples``, as the
   service's ingest worker does), then one cycle is timed. Figures are the median over the
-  cycles. Live features keep the week's full hours as a base built once per clock hour
-  (``features.BASES``): cycles that built it (the first of each hour) are reported
-  apart from those that only merged the partial hour (``hour_start`` / ``within_hour``).
+  cycles. Live features merge the newest hours into a per-GPU base of the older ones
+  (``live_features``); as in the service, the next hour's base is built after each
+  cycle when not held (``prepare_next``, off the scoring path: ``prepare_s``, not in
+  ``cycle_s``). A cycle that had to build a base itself is reported apart
+  (``base_built`` / ``base_held``).
 
 Each stage is reported in wall seconds and in CPU seconds of the process (both of
 DuckDB's threads count): on a shared machine the CPU seconds move less with other
@@ -69,11 +71,23 @@ def _reset_hwm() -> None:
         pass
 
 
+try:
+    from fleetcare.pipeline import live_features
+except ImportError:  # code before live_features (PYTHONPATH at another checkout's sources)
+    live_features = None  # type: ignore[assignment]
+
+
 def _base_builds() -> int:
-    """Live-feature bases built so far (0 for code before they existed: ``PYTHONPATH`` at
-    another checkout's sources runs this bench on the code before a change)."""
-    bases = getattr(features, "BASES", None)
-    return bases.builds if bases is not None else 0
+    """Live-feature bases built so far (0 for code before they existed)."""
+    return live_features.BASES.builds if live_features is not None else 0
+
+
+def _prepare_next(store: Store) -> float:
+    """What the service does after each scoring run: the next hour's base, ahead."""
+    t0 = time.perf_counter()
+    if live_features is not None:
+        live_features.prepare_next(store)
+    return time.perf_counter() - t0
 
 
 def _cycle(store: Store) -> dict[str, float]:
@@ -159,6 +173,7 @@ def main() -> None:
         loaded = load_history(big, sim, spec.start, end, interval_s=args.interval)
         load_s = time.perf_counter() - t0
         cold = _cycle(big)
+        cold["prepare_s"] = _prepare_next(big)
         _reset_hwm()
         steady: list[dict[str, float]] = []
         t = end
@@ -171,6 +186,7 @@ def main() -> None:
             row["new_samples"] = new
             row["rollup_ceiling_s"] = _rollup_ceiling(big, t - dt.timedelta(microseconds=1))
             row["predict_ceiling_s"] = _predict_ceiling(big, features.latest_features(big))
+            row["prepare_s"] = _prepare_next(big)
             steady.append(row)
             t += dt.timedelta(seconds=tick)
         steady_hwm = _hwm_mib()
@@ -180,8 +196,8 @@ def main() -> None:
             "score_cpu_s", "cycle_cpu_s")
     med = {k: _median(steady, k) for k in keys}
     split = {}
-    for name, rows in (("hour_start", [r for r in steady if r["base_built"]]),
-                       ("within_hour", [r for r in steady if not r["base_built"]])):
+    for name, rows in (("base_built", [r for r in steady if r["base_built"]]),
+                       ("base_held", [r for r in steady if not r["base_built"]])):
         if rows:
             split[name] = {"cycles": len(rows), **{k: _median(rows, k) for k in keys}}
     report("fleet_scoring", {
@@ -193,6 +209,7 @@ def main() -> None:
         "new_samples_per_cycle": steady[0]["new_samples"],
         "steady_cycle_s_each": [round(r["cycle_s"], 3) for r in steady],
         "steady_cycle_cpu_s_each": [round(r["cycle_cpu_s"], 3) for r in steady],
+        "prepare_s_each": [round(r["prepare_s"], 3) for r in steady],
         "refresh_over_rollup_ceiling": round(med["refresh_s"] / med["rollup_ceiling_s"], 1),
         "score_over_predict_ceiling": round(med["score_s"] / med["predict_ceiling_s"], 1),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),

@@ -13,7 +13,7 @@ import datetime as dt
 import pytest
 
 from fleetcare.collectors.contract import XidEvent
-from fleetcare.pipeline import features, rollup
+from fleetcare.pipeline import features, live_features, rollup
 from fleetcare.pipeline.feature_defs import LEMON_DAYS, WINDOWS, now_sql, windowed_sql
 from fleetcare.pipeline.store import Store
 
@@ -79,7 +79,7 @@ def test_split_equals_one_pass(store, minutes):
 
 def test_base_held_within_the_hour_rebuilt_when_what_it_read_changes(store):
     _history(store, 8)              # samples every 10 min to 7:50
-    builds = features.BASES.builds
+    builds = live_features.BASES.builds
 
     def live(minutes: float) -> object:
         features.refresh(store)
@@ -87,31 +87,44 @@ def test_base_held_within_the_hour_rebuilt_when_what_it_read_changes(store):
         _same(got, _one_pass(store, at(minutes)))
         return got
 
+    def built() -> int:
+        return live_features.BASES.builds - builds
+
     live(470)
-    assert features.BASES.builds == builds + 1
-    # more of the same hour: the base is kept, the partial hour moves
+    assert built() == 1
+    # more of the same hour: the base is kept, the newest hours move
     store.insert_sample_records([sample(475, gpu=f"G{g}", index=g, node=f"n{g % 2}",
                                         gpu_temp_c=90.0, ecc_corrected_volatile=500)
                                  for g in range(3)])
     after = live(476)
-    assert features.BASES.builds == builds + 1
+    assert built() == 1
     assert after.column("gpu_temp_max_1h").to_pylist() == [90.0] * 3
-    # a late sample in a past hour (an agent's spool replayed): re-rolled, base rebuilt
-    store.insert_sample_records([sample(395, gpu="G0", gpu_temp_c=99.0)])
-    late = live(477)
-    assert features.BASES.builds == builds + 2
-    assert late.column("gpu_temp_max_24h").to_pylist()[0] == 99.0
-    # a late XID in a past hour: base rebuilt
-    store.insert_events([XidEvent(ts=at(400), node="n0", xid=79, message="fell off the bus",
+    # late telemetry of the hour just ended is part of the newest hours: base kept
+    store.insert_sample_records([sample(395, gpu="G0", gpu_temp_c=97.0)])
+    assert live(477).column("gpu_temp_max_1h").to_pylist()[0] == 97.0
+    assert built() == 1
+    # older late telemetry (an agent's spool replayed) is re-rolled: base rebuilt
+    store.insert_sample_records([sample(305, gpu="G0", gpu_temp_c=99.0)])
+    assert live(478).column("gpu_temp_max_24h").to_pylist()[0] == 99.0
+    assert built() == 2
+    # a late XID: in the newest hours, kept; older, rebuilt
+    store.insert_events([XidEvent(ts=at(m), node="n0", xid=79, message="fell off the bus",
+                                  source="sim", gpu_uuid="G0") for m in (400,)])
+    live(479)
+    assert built() == 2
+    store.insert_events([XidEvent(ts=at(250), node="n0", xid=79, message="fell off the bus",
                                   source="sim", gpu_uuid="G0")])
-    live(478)
-    assert features.BASES.builds == builds + 3
-    # a new clock hour: base rebuilt once, then held
+    live(479)
+    assert built() == 3
+    # the next hour's base, prepared ahead, serves its first call
+    assert live_features.prepare_next(store) is True
+    assert live_features.prepare_next(store) is False       # held
+    assert built() == 4
     store.insert_sample_records([sample(m, gpu=f"G{g}", index=g, node=f"n{g % 2}")
                                  for g in range(3) for m in (480, 485)])
     live(482)
     live(486)
-    assert features.BASES.builds == builds + 4
+    assert built() == 4
 
 
 def test_a_gpu_seen_only_this_hour_and_one_gone_quiet(store):

@@ -39,7 +39,7 @@ from fleetcare.collectors.agent_metrics import Family
 from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport import BusConsumer
 from fleetcare.models import prior, scoring
-from fleetcare.pipeline import features, incidents, retention
+from fleetcare.pipeline import features, incidents, live_features, retention
 from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.urgent import UrgentSignals
@@ -109,7 +109,8 @@ class Service:
 
     def rescore(self) -> None:
         """Read new lake files (lake shape), derive failures from fresh fatal XIDs, bring
-        rollups up to date, score every GPU and node once, then alerts and drains; on
+        rollups up to date, score every GPU and node once, then alerts and drains, then
+        build the next hour's live-feature base if not held (``live_features``); on
         their schedules, drop raw telemetry that is rolled up and old, prune old scores
         and compact the lake. One at a time: a call while another runs waits for it."""
         with self._rescoring:
@@ -141,6 +142,8 @@ class Service:
                 log.info("service.drains %s", report.to_json())
             if self.on_scored is not None:
                 self.on_scored()
+            # the next clock hour's live-feature base, while nothing waits on it
+            live_features.prepare_next(self.store)
         if self.lake and self._due(self._compacted_at, self.compact_every_s):
             self.store.raw.compact(self.store)  # type: ignore[attr-defined]
             self._compacted_at = self.clock()

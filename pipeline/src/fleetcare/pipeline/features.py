@@ -29,7 +29,6 @@ import datetime as dt
 import logging
 import sys
 import uuid
-import weakref
 
 import duckdb
 import numpy as np
@@ -166,129 +165,6 @@ w AS (
 tele AS (
   SELECT g.ts, w.* FROM grid g JOIN w ON w.te = g.te
   WHERE w.last_seen >= w.te - INTERVAL {int(STALE_AFTER.total_seconds())} SECOND
-)"""
-
-
-def _base_states() -> dict[tuple[str, str, str], str]:
-    """Every distinct aggregate (fn, expr, window) the windowed features use → a column."""
-    states: dict[tuple[str, str, str], str] = {}
-
-    def collect(fn: str, expr: str, w: str) -> str:
-        states.setdefault((fn, expr, w), f"b{len(states)}")
-        return "NULL"
-
-    windowed_sql(collect)
-    return states
-
-
-_STATES = _base_states()
-_REGR = ("n", "regr_count"), ("ax", "regr_avgx"), ("ay", "regr_avgy"), \
-    ("sxx", "regr_sxx"), ("sxy", "regr_sxy")
-
-
-def _base_sql(source: str, hf: str) -> str:
-    """Live features' full hours: per GPU, each window's aggregates over ``[hf - W, hf)``.
-
-    Mergeable states only (sums, maxima, the regression's count, means and sums of
-    squares, each ``now`` value's newest non-null): ``_tele_live`` adds the partial hour
-    ``[hf, at]`` to them. Each window is aggregated over its own hours only (the 1-hour
-    states read one row per GPU, not the week's 168). XIDs without a uuid are attributed
-    with the identity GPUs had before ``hf`` (live scoring before this split used the
-    newest one, partial hour included: they differ only for a GPU whose node, bus or
-    index changed this hour).
-    """
-    lo = f"{hf} - INTERVAL {_LOOKBACK_H} HOUR"
-    by_window: dict[str, list[str]] = {w: [] for w in WINDOWS}
-    for (fn, expr, w), col in _STATES.items():
-        if fn.startswith("regr_"):
-            y, x = expr.split(", ")
-            by_window[w] += [f"{f}({y}, {x}) AS {col}_{k}" for k, f in _REGR]
-        else:
-            by_window[w].append(f"{fn}({expr}) AS {col}")
-    by_window[max(WINDOWS, key=WINDOWS.__getitem__)] += [
-        "arg_max(node, hour) AS b_node", "arg_max(gpu_index, hour) AS b_gpu_index",
-        "arg_max(model, hour) AS b_model", f"arg_max({_bus('pci_bus_id')}, hour) AS b_bus",
-        "max(last_ts) AS b_last_seen",
-        *(f"arg_max({sql}, hour) AS b_{name}" for name, sql in now_sql())]
-    parts = []
-    for w, hours in sorted(WINDOWS.items(), key=lambda kv: -kv[1]):
-        parts.append(f"""
-a_{w} AS (
-  SELECT gpu_uuid, {", ".join(by_window[w])}
-  FROM (
-    SELECT *, {_DERIVED} FROM (
-      SELECT s.* EXCLUDE (gpu_uuid, hour), x.* EXCLUDE (gpu_uuid, hour),
-        coalesce(s.gpu_uuid, x.gpu_uuid) AS gpu_uuid, coalesce(s.hour, x.hour) AS hour
-      FROM (SELECT * FROM {source}
-            WHERE hour >= {hf} - INTERVAL {hours} HOUR AND hour < {hf}) s
-      FULL OUTER JOIN (SELECT * FROM xb WHERE hour >= {hf} - INTERVAL {hours} HOUR) x
-        ON x.gpu_uuid = s.gpu_uuid AND x.hour = s.hour))
-  GROUP BY gpu_uuid
-)""")
-    widest, *others = sorted(WINDOWS, key=lambda k: -WINDOWS[k])
-    joins = " ".join(f"LEFT JOIN a_{w} USING (gpu_uuid)" for w in others)
-    ident = _ident(f"(SELECT * FROM {source} WHERE hour >= {lo} AND hour < {hf})")
-    return f"""WITH
-{_xev(lo, f"e.ts < {hf}", ident)},{",".join(parts)}
-SELECT gpu_uuid AS b_gpu_uuid, * EXCLUDE (gpu_uuid) FROM a_{widest} {joins}"""
-
-
-def _merge(fn: str, expr: str, w: str) -> str:
-    """An aggregate over ``[hf - W, at]``: the base's state merged with the partial hour."""
-    b = f"b.{_STATES[(fn, expr, w)]}"
-    if fn == "regr_slope":
-        y, x = (f"(CASE WHEN p.p_in THEN {e} END)" for e in expr.split(", "))
-        n, ax, ay, sxx, sxy = (f"{b}_{k}" for k, _ in _REGR)
-        # one more point (x, y) added to (n, means, Sxx, Sxy): the parallel update
-        return (f"(CASE WHEN {y} IS NULL OR {x} IS NULL THEN {sxy} / {sxx} "
-                f"WHEN coalesce({n}, 0) = 0 THEN 'nan'::DOUBLE "
-                f"ELSE ({sxy} + ({x} - {ax}) * ({y} - {ay}) * {n} / ({n} + 1)) / "
-                f"({sxx} + ({x} - {ax}) * ({x} - {ax}) * {n} / ({n} + 1)) END)")
-    e = f"(CASE WHEN p.p_in THEN {expr} END)"
-    if fn == "sum":
-        return f"coalesce({b} + {e}, {b}, {e})"
-    if fn == "max":
-        return f"greatest({b}, {e})"
-    raise ValueError(f"no merge for aggregate {fn!r}: add one to features._merge")
-
-
-_IDENT_LIVE = f"""
-ident AS (
-  SELECT coalesce(p.gpu_uuid, b.b_gpu_uuid) AS gpu_uuid,
-    coalesce(p.node, b.b_node) AS node, coalesce(p.gpu_index, b.b_gpu_index) AS gpu_index,
-    coalesce({_bus('p.pci_bus_id')}, b.b_bus) AS bus
-  FROM srcp p FULL OUTER JOIN fc_base b ON b.b_gpu_uuid = p.gpu_uuid
-)"""
-
-
-def _tele_live(source: str, at: str) -> str:
-    """Live: the cached full hours (``fc_base``, see ``_base_sql``) + the partial hour."""
-    hf = f"date_trunc('hour', {at})"
-    lo = f"{hf} - INTERVAL {_LOOKBACK_H} HOUR"
-    feats = ",\n    ".join(f"{sql} AS {name}" for name, sql in windowed_sql(_merge))
-    now = ",\n    ".join(f"coalesce(CASE WHEN p.p_in THEN {sql} END, b.b_{name}) AS {name}"
-                         for name, sql in now_sql())
-    return f"""
-srcp AS (SELECT * FROM {source} WHERE hour = {hf}),
-{_xev(f"{lo} - INTERVAL {LEMON_DAYS * 24 - _LOOKBACK_H} HOUR", f"e.ts <= {at}", _IDENT_LIVE)},
-hp AS (
-  SELECT s.* EXCLUDE (gpu_uuid, hour), x.* EXCLUDE (gpu_uuid, hour),
-    coalesce(s.gpu_uuid, x.gpu_uuid) AS gpu_uuid, coalesce(s.hour, x.hour) AS hour
-  FROM srcp s FULL OUTER JOIN (SELECT * FROM xb WHERE hour = {hf}) x
-    ON x.gpu_uuid = s.gpu_uuid AND x.hour = s.hour
-),
-p AS (SELECT *, {_DERIVED}, TRUE AS p_in FROM hp),
-merged AS (
-  SELECT coalesce(p.gpu_uuid, b.b_gpu_uuid) AS gpu_uuid,
-    coalesce(p.node, b.b_node) AS node, coalesce(p.gpu_index, b.b_gpu_index) AS gpu_index,
-    coalesce(p.model, b.b_model) AS model, greatest(p.last_ts, b.b_last_seen) AS last_seen,
-    {feats},
-    {now}
-  FROM p FULL OUTER JOIN fc_base b ON b.b_gpu_uuid = p.gpu_uuid
-),
-tele AS (
-  SELECT {at} AS ts, {at} AS te, * FROM merged
-  WHERE last_seen >= {at} - INTERVAL {int(STALE_AFTER.total_seconds())} SECOND
 )"""
 
 
@@ -471,64 +347,15 @@ def gpu_features(store: Store, start: dt.datetime, end: dt.datetime, *,
         cur.close()
 
 
-class _BaseCache:
-    """Each store's newest live base (``_base_sql``), reused while its inputs are unchanged.
-
-    The key is the hour and a fingerprint of what the base reads: the count, sample count
-    and newest sample of the hourly rows in its week and the count and newest XID event
-    before the hour. Late telemetry re-rolled into a past hour adds samples, a late XID
-    adds an event, retention removes rows: each changes the fingerprint and the base is
-    rebuilt. One cycle a clock hour builds it (the cost of the aggregates over the week);
-    the others read the partial hour alone.
-    """
-
-    def __init__(self) -> None:
-        self._held: weakref.WeakKeyDictionary[Store, tuple[tuple[object, ...], pa.Table]] = (
-            weakref.WeakKeyDictionary())
-        self.builds = 0
-
-    def get(self, store: Store, cur: duckdb.DuckDBPyConnection, source: str,
-            hf: dt.datetime) -> pa.Table:
-        lo = hf - dt.timedelta(hours=_LOOKBACK_H)
-        key = (hf,
-               *cur.execute(f"SELECT count(*), sum(n), max(last_ts) FROM {source} "
-                            f"WHERE hour >= {_lit(lo)} AND hour < {_lit(hf)}").fetchall()[0],
-               *cur.execute("SELECT count(*), max(ts) FROM xid_events WHERE ts >= ? AND ts < ?",
-                            [lo, hf]).fetchall()[0])
-        held = self._held.get(store)
-        if held is not None and held[0] == key:
-            return held[1]
-        table = cur.sql(_base_sql(source, _lit(hf))).to_arrow_table()
-        self._held[store] = (key, table)
-        self.builds += 1
-        return table
-
-
-BASES = _BaseCache()
-
-
 def latest_features(store: Store, at: dt.datetime | None = None) -> pa.Table:
     """One row per GPU that reported within ``STALE_AFTER`` before ``at`` (default: newest).
 
-    The full hours of each window come from a base built once per clock hour
-    (``BASES``); each call adds the partial hour to it.
+    Computed by ``live_features``: the windows' older hours come from a per-GPU base
+    built once per clock hour, the newest hours are aggregated on each call.
     """
-    cur = store.cursor()
-    try:
-        if at is None:
-            newest = store.raw.bounds(cur)[1]
-            if newest is None:
-                newest = dt.datetime(1970, 1, 1)
-            at_n = newest
-        else:
-            at_n = rollup._ts(at)
-        source = _source(store, cur, at_n, exact=True)
-        _register_xmap(cur)
-        cur.register("fc_base", BASES.get(store, cur, source, rollup.hour_floor(at_n)))
-        sql = "WITH " + _tele_live(source, _lit(at_n)) + _tail(None)
-        return _finish(cur.sql(sql).to_arrow_table())
-    finally:
-        cur.close()
+    from fleetcare.pipeline import live_features  # it builds on this module's SQL pieces
+
+    return live_features.latest(store, at)
 
 
 # -- docs ----------------------------------------------------------------------------------
