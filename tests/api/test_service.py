@@ -185,6 +185,9 @@ def test_lake_shape_reads_new_files_scores_and_compacts(tmp_path: Path) -> None:
     svc.rescore()
     nodes = store.cursor().execute("SELECT DISTINCT node FROM node_scores ORDER BY 1").fetchall()
     assert nodes == [("node-w1",), ("node-w2",)]
+    # after scoring, the next clock hour's live-feature base is built ahead (issue 15 §2)
+    from fleetcare.pipeline import live_features
+    assert live_features.BASES.held(store, dt.datetime(2025, 6, 1, 5))
     assert store.cursor().execute("SELECT count(*) FROM telemetry").fetchone() == (0,)
     # 5 hourly partitions of 2025 with a file per worker each, compacted to one file each
     files = store.cursor().execute(
