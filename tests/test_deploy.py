@@ -158,7 +158,16 @@ def invocation_problems(inv: Invocation) -> list[str]:
     path, problems = command_path(inv.program, inv.argv)
     if not problems:
         problems = parse_problems(inv.program, inv.argv)
+    if inv.program == "fleetcare-agent":
+        problems += [p for value in option_values(inv.argv, "--backend")
+                     for p in backend_problems(value)]
     return [f"{inv.where}: {p}" for p in inv.problems + problems]
+
+
+def backend_problems(value: str) -> list[str]:
+    """An agent backend list naming a backend the agent does not have."""
+    return [f"--backend / backend: {b!r} is not one of {', '.join(agent_cli.BACKENDS)}"
+            for b in (x.strip() for x in value.split(",")) if b and b not in agent_cli.BACKENDS]
 
 
 def option_values(argv: list[str], name: str) -> list[str]:
@@ -745,7 +754,8 @@ def config_problems(name: str, text: str, secrets: dict[str, str], tmp: Path) ->
         if "cli" in tables:
             load_settings(api_cli.Settings, section="cli", path=path, env={})
         if "agent" in tables:
-            load_settings(agent_cli.AgentConfig, section="agent", path=path, env={})
+            cfg = load_settings(agent_cli.AgentConfig, section="agent", path=path, env={})
+            problems += [f"{name}: {p}" for p in backend_problems(cfg.backend)]
         if "alerts" in tables:
             alerts_config.parse(tables["alerts"], env=secrets)
     except ValueError as exc:
@@ -956,6 +966,9 @@ def test_other_mistakes_are_caught(tmp_path: Path) -> None:
     assert serve_problems(load_manifests(_mutated(
         "fleetcare-service.yaml", "- --host=0.0.0.0", "- --host=127.0.0.1")))
     assert config_problems("x", "[cli]\nprot = 1\n", {}, tmp_path)
+    assert config_problems("x", '[agent]\nbackend = "nvml,infiniban"\n', {}, tmp_path)
+    agent = (DEPLOY / "systemd" / "fleetcare-agent.service").read_text()
+    assert unit_problems(read_unit("x", agent.replace(",infiniband ", ",infiniban ")))
     assert config_problems("x", '[alerts]\n[[alerts.sinks]]\nname = "s"\nkind = "slack"\n',
                            {}, tmp_path)
     service = (DEPLOY / "containers" / "Containerfile.service").read_text()
