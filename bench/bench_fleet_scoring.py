@@ -1,12 +1,13 @@
 """One rescoring cycle of a 100,000-GPU fleet (simulated data), cold and steady state.
 
 A model is trained on a small simulated fleet, then a 12,500-node x 8-GPU fleet gets
-``--hours`` of history at ``--interval`` seconds. A cycle is what the service's
+``--hours`` of history at ``--interval`` seconds (default: a week, hourly, so every
+7-day window is full; a short history understates the windowed features). A cycle is what the service's
 ``rescore`` does each period: ``features.refresh`` (hourly rollups) + ``latest_features``
 + ``score`` (LightGBM, calibration, explanations, writing gpu_scores and node_scores).
 
 - cold: the first cycle after the history was loaded (every rollup row is built);
-- steady: ``--cycles`` times, one new tick (``--tick`` seconds, default ``--interval``) for
+- steady: ``--cycles`` times, one new tick (``--tick`` seconds, default 5 minutes) for
   every GPU is landed through the store's insert (``Store.insert_samples``, as the
   service's ingest worker does), then one cycle is timed. Figures are the median over the
   cycles. Live features merge the newest hours into a per-GPU base of the older ones
@@ -23,9 +24,8 @@ least read), and LightGBM's ``predict`` alone on the same float32 matrix that sc
 builds. Peak RSS is the process's high-water mark over the whole run, and over the
 steady cycles alone (``/proc/self/clear_refs`` resets the mark before them).
 
-    .venv/bin/python bench/bench_fleet_scoring.py [--nodes 12500] [--hours 2] [--cycles 5]
-    # a week of hourly history (every 7-day window full), 5-minute ticks after it:
-    .venv/bin/python bench/bench_fleet_scoring.py --hours 168 --interval 3600 --tick 300
+    .venv/bin/python bench/bench_fleet_scoring.py [--nodes 12500] [--hours 168]
+        [--interval 3600] [--tick 300] [--cycles 6]     # ~8 min, peak ~3.7 GB
 """
 
 from __future__ import annotations
@@ -145,14 +145,15 @@ def _median(rows: list[dict[str, float]], key: str) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--nodes", type=int, default=12_500)
-    p.add_argument("--hours", type=float, default=2)
-    p.add_argument("--interval", type=int, default=300)
-    p.add_argument("--tick", type=int, default=None,
-                   help="seconds of telemetry landed before each steady cycle "
-                        "(default: --interval)")
-    p.add_argument("--cycles", type=int, default=5)
+    p.add_argument("--hours", type=float, default=168,
+                   help="hours of history (default a week: every 7-day window full)")
+    p.add_argument("--interval", type=int, default=3600,
+                   help="seconds between history samples (default hourly: one per rollup row)")
+    p.add_argument("--tick", type=int, default=300,
+                   help="seconds of telemetry landed before each steady cycle")
+    p.add_argument("--cycles", type=int, default=6)
     args = p.parse_args()
-    tick = args.tick or args.interval
+    tick = args.tick
     with tempfile.TemporaryDirectory() as tmp:
         small = Store(Path(tmp) / "small.duckdb")
         spec = FleetSpec(nodes=24, seed=5, failure_scale=20)
