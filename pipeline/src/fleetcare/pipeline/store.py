@@ -78,9 +78,9 @@ def one_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
     """The row of an executed statement that always returns exactly one: an aggregate
     without GROUP BY (``count(*)``, ``min``/``max``, even over an empty table) or an
     INSERT (DuckDB returns its row count)."""
-    row = result.fetchone()
-    assert row is not None, "a statement that always returns one row returned none"
-    return row
+    rows = result.fetchall()  # all of them: a result left unfinished blocks the cursor
+    assert len(rows) == 1, f"a statement that always returns one row returned {len(rows)}"
+    return rows[0]
 
 
 def _naive_utc(ts: dt.datetime) -> dt.datetime:
