@@ -129,6 +129,37 @@ def fleet_gpus(store: Any) -> int:
     return int(row[0]) if row else 0
 
 
+@dataclasses.dataclass(frozen=True)
+class Grid:
+    """How ``train`` and ``evaluate`` read a store (``grid``): the scoring times from
+    ``start`` every ``step``, the first of them in the test period (``test_from``), how
+    many come before it (``n_fit``), the fleet's GPUs and the chunk they are read in."""
+
+    start: dt.datetime
+    step: dt.timedelta
+    n_fit: int
+    test_from: dt.datetime
+    gpus: int
+    chunk: dt.timedelta
+
+    @property
+    def fit_end(self) -> dt.datetime:
+        """The last scoring time before the test period."""
+        return self.test_from - self.step
+
+    def negatives(self) -> float:
+        """The share of healthy fit rows to keep (``negatives_for`` the fit rows)."""
+        return negatives_for(self.gpus * self.n_fit)
+
+
+def grid(store: Any, start: dt.datetime, test_start: dt.datetime, every_s: int) -> Grid:
+    """The scoring grid of ``store`` from ``start`` with its test period at ``test_start``."""
+    step = dt.timedelta(seconds=every_s)
+    n_fit = -(-(test_start - start) // step)  # grid times before the test period
+    gpus = fleet_gpus(store)
+    return Grid(start, step, n_fit, start + n_fit * step, gpus, chunk_for(gpus, every_s))
+
+
 def negatives_for(rows: int, *, most: int | None = None) -> float:
     """The share of healthy rows a fit keeps so that about ``most`` (default
     ``MAX_FIT_ROWS``) of ``rows`` remain (1: every row, for fleets up to ``most``)."""

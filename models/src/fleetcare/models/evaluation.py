@@ -126,6 +126,16 @@ def _grid(store: Any, cfg: EvalConfig) -> tuple[dt.datetime, dt.datetime, int]:
     return start, hi, int((hi - start) / dt.timedelta(seconds=cfg.every_s)) + 1
 
 
+def _split(store: Any, cfg: EvalConfig, whole: bool
+           ) -> tuple[dt.datetime, dt.datetime, T.Splits]:
+    """(first scoring time, last telemetry, the time split) of one store; ``whole``:
+    train on all of it, the last 20 % calibrates."""
+    start, hi, _n = _grid(store, cfg)
+    if whole:
+        return start, hi, T.Splits(start, start + (hi - start) * 0.8, hi, hi)
+    return start, hi, T.Splits.of(start, hi)
+
+
 def load_fleet(store: Any, cfg: EvalConfig, *, whole: bool = False,
                say: Progress = lambda _m: None, shard: str = "",
                negatives: float | None = None) -> Fleet:
@@ -136,30 +146,22 @@ def load_fleet(store: Any, cfg: EvalConfig, *, whole: bool = False,
     from fleetcare.pipeline import features
 
     features.refresh(store)
-    start, hi, n = _grid(store, cfg)
-    if whole:  # train on all of it, the last 20 % calibrates
-        span = hi - start
-        splits = T.Splits(start, start + span * 0.8, hi, hi)
-    else:
-        splits = T.Splits.of(start, hi)
-    step = dt.timedelta(seconds=cfg.every_s)
-    n_fit = -(-(splits.test_start - start) // step)
-    test_from = start + n_fit * step
-    gpus = dataset.fleet_gpus(store)
-    chunk = dataset.chunk_for(gpus, cfg.every_s)
+    start, hi, splits = _split(store, cfg, whole)
+    g = dataset.grid(store, start, splits.test_start, cfg.every_s)
     if negatives is None:
-        negatives = dataset.negatives_for(gpus * n_fit)
+        negatives = g.negatives()
     failures = [M.Failure(shard + f.node, f.ts, f.mode) for f in dataset.fleet_failures(store)]
-    say(f"features {start:%Y-%m-%d %H:%M} .. {hi:%Y-%m-%d %H:%M} ({gpus} GPUs, "
-        f"{chunk} at a time)")
+    say(f"features {start:%Y-%m-%d %H:%M} .. {hi:%Y-%m-%d %H:%M} ({g.gpus} GPUs, "
+        f"{g.chunk} at a time)")
     tables = (_prefixed(t, shard) for t in dataset.chunks(
-        store, start, test_from - step, every_s=cfg.every_s, horizon_h=cfg.horizon_h,
-        chunk=chunk, say=say))
+        store, start, g.fit_end, every_s=cfg.every_s, horizon_h=cfg.horizon_h,
+        chunk=g.chunk, say=say))
     H = np.timedelta64(int(round(cfg.horizon_h * 3600)), "s")
     fit = dataset.fit_rows(tables, cal_start=_np(splits.cal_start),
                            test_start=_np(splits.test_start), horizon=H, failures=failures,
                            negatives=negatives, seed=cfg.seed, start=_np(start), keep_cal=True)
-    return Fleet(store, splits, hi, shard, fit, test_from, chunk, cfg.horizon_h, cfg.every_s)
+    return Fleet(store, splits, hi, shard, fit, g.test_from, g.chunk, cfg.horizon_h,
+                 cfg.every_s)
 
 
 def failures_of(table: pa.Table, mask: np.ndarray | None = None, *,
@@ -476,10 +478,9 @@ def _load(stores: list[Any], cfg: EvalConfig, say: Progress, *, whole: bool = Fa
     rows = 0
     for st in stores:
         features.refresh(st)
-        start, hi, _n = _grid(st, cfg)
-        frac = 0.8 if whole else T.TRAIN_FRACTION + T.CAL_FRACTION
-        rows += dataset.fleet_gpus(st) * int((hi - start) * frac
-                                             / dt.timedelta(seconds=cfg.every_s))
+        start, _hi, splits = _split(st, cfg, whole)
+        g = dataset.grid(st, start, splits.test_start, cfg.every_s)
+        rows += g.gpus * g.n_fit
     negatives = dataset.negatives_for(rows)
     return [load_fleet(st, cfg, whole=whole, say=say, shard=f"{i}/" if many else "",
                        negatives=negatives) for i, st in enumerate(stores)]

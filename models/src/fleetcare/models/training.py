@@ -434,21 +434,17 @@ def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
                          "warm-up (features need that much history): train once it holds "
                          "more")
     splits = Splits.of(start, end)
-    step = dt.timedelta(seconds=every_s)
-    n_fit = -(-(splits.test_start - start) // step)  # grid times before the test period
-    test_from = start + n_fit * step
-    gpus = dataset.fleet_gpus(store)
-    chunk = dataset.chunk_for(gpus, every_s)
-    negatives = dataset.negatives_for(gpus * n_fit)
+    g = dataset.grid(store, start, splits.test_start, every_s)
     failures = dataset.fleet_failures(store)
     say(f"features {start:%Y-%m-%d %H:%M} .. {end:%Y-%m-%d %H:%M} every {every_s}s, "
-        f"{gpus} GPUs, labels at horizon {horizon_h} h, {chunk} at a time")
-    fit_tables = dataset.chunks(store, start, test_from - step, every_s=every_s,
-                                horizon_h=horizon_h, chunk=chunk, say=say)
-    test_tables = (dataset.chunks(store, test_from, end, every_s=every_s, horizon_h=horizon_h,
-                                  chunk=chunk, say=say) if test_from <= end else iter(()))
+        f"{g.gpus} GPUs, labels at horizon {horizon_h} h, {g.chunk} at a time")
+    fit_tables = dataset.chunks(store, start, g.fit_end, every_s=every_s,
+                                horizon_h=horizon_h, chunk=g.chunk, say=say)
+    test_tables = (dataset.chunks(store, g.test_from, end, every_s=every_s,
+                                  horizon_h=horizon_h, chunk=g.chunk, say=say)
+                   if g.test_from <= end else iter(()))
     model, metrics = _fit_and_score(fit_tables, test_tables, splits, failures=failures,
-                                    total_failures=len(failures), negatives=negatives,
+                                    total_failures=len(failures), negatives=g.negatives(),
                                     horizon_h=horizon_h, seed=seed, every_s=every_s,
                                     label_end=hi, params=params, say=say,
                                     window_h=M.WINDOW_H, min_failures=min_failures)
