@@ -10,9 +10,13 @@ XID of the fleet's history adds one score of its node 60 s after it, from the li
 features the service computes at that moment (``features.latest_features(at)``: the full
 hours plus the partial one, nothing after ``at``), scored by the shipped prior at its
 shipped threshold. Printed: recall per mode, precursor recall, lead times and false
-drains before (hourly only) and after (hourly + events). Only XID triggers are replayed
-(a new uncorrectable error or a link going down also triggers in ``serve``). Prints one
-JSON object. Simulated data.
+drains before (hourly only) and after (hourly + events). Every trigger ``serve`` has is
+replayed (``--triggers all``, the default): urgent XIDs, and from the raw telemetry a
+new uncorrectable error (ECC, remapped rows, DBE-retired pages above the GPU's previous
+sample), a row-remap failure newly set, an NVLink up in the previous sample and down
+now, an InfiniBand/RoCE port leaving ACTIVE — ``pipeline.urgent``'s rules, in SQL over
+the stored samples. ``--triggers xid`` replays XIDs only. Prints one JSON object.
+Simulated data.
 """
 
 from __future__ import annotations
@@ -37,8 +41,41 @@ from fleetcare.pipeline.urgent import urgent_xid
 DELAY = np.timedelta64(60, "s")
 
 
-def event_scores(workdir: str, fleet: Any, fs: Any, model: FailureModel) -> NodeScores:
-    """One node score 60 s after each urgent XID of the fleet's scored period."""
+_UE = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "remapped_rows_uncorrectable",
+       "retired_pages_dbe")
+
+
+def telemetry_triggers(store: Any) -> list[tuple[dt.datetime, str]]:
+    """(ts, node) of every sample ``pipeline.urgent`` would call urgent, and every NIC
+    port leaving ACTIVE: its rules in SQL over the stored samples."""
+    lags = ", ".join(f"coalesce({c}, 0) AS {c}, lag(coalesce({c}, 0)) OVER w AS p_{c}"
+                     for c in _UE)
+    grew = " OR ".join(f"{c} > p_{c}" for c in _UE)
+    rows = store.cursor().execute(f"""
+        WITH s AS (
+          SELECT ts, node, {lags},
+            coalesce(remapped_rows_failure, false) AS rf,
+            lag(coalesce(remapped_rows_failure, false)) OVER w AS p_rf,
+            nvlink_up, lag(nvlink_up IGNORE NULLS) OVER w AS p_up
+          FROM telemetry WINDOW w AS (PARTITION BY gpu_uuid ORDER BY ts))
+        SELECT DISTINCT ts, node FROM s
+        WHERE ({grew}) OR (rf AND p_rf = false)
+           OR (len(p_up) = len(nvlink_up) AND list_count(list_filter(
+                 list_zip(p_up, nvlink_up), lambda x: x[1] AND NOT x[2])) > 0)
+        UNION
+        SELECT ts, node FROM (
+          SELECT ts, node, state,
+            lag(state) OVER (PARTITION BY node, device, port ORDER BY ts) AS p_state
+          FROM nic_telemetry)
+        WHERE p_state = 'ACTIVE' AND state IS NOT NULL AND state <> 'ACTIVE'
+        """).fetchall()
+    return [(t, n) for t, n in rows]
+
+
+def event_scores(workdir: str, fleet: Any, fs: Any, model: FailureModel,
+                 triggers: str = "all") -> NodeScores:
+    """One node score 60 s after each urgent XID (and, with ``triggers="all"``, each
+    telemetry trigger) of the fleet's scored period."""
     t0 = fs.scores.ts.min()
     ts_l, node_l, risk_l, label_l = [], [], [], []
     fails: dict[str, list[np.datetime64]] = {}
@@ -49,7 +86,12 @@ def event_scores(workdir: str, fleet: Any, fs: Any, model: FailureModel) -> Node
             "SELECT DISTINCT ts, node, xid FROM xid_events ORDER BY ts").fetchall()
         events = [(np.datetime64(t, "us"), n) for t, n, x in rows
                   if urgent_xid(DEFAULT_CATALOG, int(x)) and np.datetime64(t, "us") >= t0]
-        BP.say(f"{fleet.name}: {len(events)} urgent XIDs to score")
+        n_xid = len(events)
+        if triggers == "all":
+            events += [(np.datetime64(t, "us"), n) for t, n in telemetry_triggers(store)
+                       if np.datetime64(t, "us") >= t0]
+        BP.say(f"{fleet.name}: {n_xid} urgent XIDs, {len(events) - n_xid} telemetry "
+               "triggers to score")
         for at, node in sorted(set(events)):
             when = (at + DELAY).astype(dt.datetime).replace(tzinfo=dt.UTC)
             feats = features.latest_features(store, when)
@@ -79,6 +121,9 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", required=True, help="bench_fleet_pool's fleets (reused)")
     ap.add_argument("--only", choices=("real", "x4"), default="real")
+    ap.add_argument("--triggers", choices=("all", "xid"), default="all",
+                    help="what rescores a node: every trigger serve has (default) or urgent "
+                         "XIDs only")
     args = ap.parse_args()
     started = time.perf_counter()
     blob, meta = prior.load()
@@ -88,7 +133,7 @@ def main() -> int:
     for fleet in BP.GROUPS[args.only]:
         rows = prior.fleet_rows(args.workdir, fleet, say=BP.say)
         fs = prior.score_fleet(rows, model)
-        extra = event_scores(args.workdir, fleet, fs, model)
+        extra = event_scores(args.workdir, fleet, fs, model, args.triggers)
         n_events += len(extra.ts)
         merged = NodeScores(*(np.concatenate([getattr(fs.scores, k), getattr(extra, k)])
                               for k in ("ts", "node", "risk", "label", "known")))
@@ -99,6 +144,7 @@ def main() -> int:
     hourly = prior.metrics_of(prior.pooled(before), threshold=threshold)
     events = prior.metrics_of(prior.pooled(after), threshold=threshold)
     out = {"bench": "event_scoring", "data": "simulated", "group": args.only,
+           "triggers": args.triggers,
            "prior": prior.prior_id(blob), "threshold": threshold, "event_scores": n_events,
            "hourly": summary(hourly), "hourly_and_events": summary(events),
            "wall_s": round(time.perf_counter() - started)}
