@@ -125,15 +125,14 @@ class LatestSamples:
             return [(g, t) for g, t in cur.execute(
                 f"SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts {op} ? GROUP BY gpu_uuid",
                 [lo]).fetchall() if g not in self._ts or t > self._ts[g]]
-        op = ">="
         with self._data:
             held = pa.table({"g": pa.array(list(self._ts), pa.string()),
                              "t": pa.array(list(self._ts.values()), pa.timestamp("us"))})
         cur.register("_fc_held", held)
         try:
             return cur.execute(
-                f"SELECT n.g, n.t FROM (SELECT gpu_uuid AS g, max(ts) AS t FROM telemetry "
-                f"WHERE ts {op} ? GROUP BY gpu_uuid) n LEFT JOIN _fc_held h ON h.g = n.g "
+                "SELECT n.g, n.t FROM (SELECT gpu_uuid AS g, max(ts) AS t FROM telemetry "
+                "WHERE ts >= ? GROUP BY gpu_uuid) n LEFT JOIN _fc_held h ON h.g = n.g "
                 "WHERE h.t IS NULL OR n.t > h.t", [lo]).fetchall()
         finally:
             cur.unregister("_fc_held")

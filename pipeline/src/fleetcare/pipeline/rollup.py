@@ -114,6 +114,9 @@ _STATE_COLS = (
     + [f"{c}_last" for c in LINK_COUNTERS]
     + ["nvlink_up_last"]
 )
+_BASE_STATE = ", ".join(f"arg_max({c}, hour) AS {c[:-5]}" for c in _STATE_COLS)
+"""Each counter's newest non-null value over a GPU's hourly rows: its state for the next
+sample's increase."""
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
@@ -135,19 +138,16 @@ def _inc(cur: str, prev: str) -> str:
             f"WHEN {cur} >= {prev} THEN {cur} - {prev} ELSE {cur} END")
 
 
-def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, append: bool = False,
-               base: str | None = None) -> str:
+def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, base: str | None = None) -> str:
     """SELECT of hourly rows from raw telemetry with ``lo <= ts <= hi``.
 
     ``lo`` / ``hi`` are SQL expressions (parameters or literals); ``lo`` must be on an hour
     boundary. ``raw`` is the relation of raw samples (``store.raw.relation``). Baselines
-    come from ``telemetry_hourly`` rows before ``lo``; with ``append``, ``raw`` holds only
-    samples newer than every rolled-up sample of their GPU, the baselines come from all
-    of those GPUs' rows from ``lo`` on too (each GPU's state at its newest rolled sample),
-    and the result is the part of each hour those samples add (``merge_sql``). ``base``
-    names a relation holding those states already (``_append_base``).
+    come from ``telemetry_hourly`` rows before ``lo``. Appending (``base``: a relation of
+    each GPU's state at its newest rolled sample, ``_append_base``), ``raw`` holds only
+    samples newer than every rolled-up sample of their GPU, and the result is the part of
+    each hour those samples add (``merge_sql``).
     """
-    base_state = ", ".join(f"arg_max({c}, hour) AS {c[:-5]}" for c in _STATE_COLS)
     raw_cols = ", ".join(
         [c for c in SCALAR_COUNTERS] + [f"list_sum({c}) AS {c}" for c in LINK_COUNTERS]
         + ["nvlink_up"])
@@ -164,11 +164,10 @@ def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, append: bool = False
              "list_count(list_filter(list_zip(nvlink_up_prev, nvlink_up), "
              "lambda x: x[1] AND NOT x[2])) END")
     flags = ", ".join(f"arg_max({f}, ts) AS {f}_last" for f in FLAGS)
-    which = "gpu_uuid IN (SELECT gpu_uuid FROM fresh)" if append else f"hour < {lo}"
     base_sql = f"SELECT *, TRUE AS is_base FROM {base}" if base else f"""
-  SELECT gpu_uuid, max(last_ts) AS ts, {base_state}, TRUE AS is_base
+  SELECT gpu_uuid, max(last_ts) AS ts, {_BASE_STATE}, TRUE AS is_base
   FROM {TABLE}
-  WHERE {which}
+  WHERE hour < {lo}
     AND hour >= {lo} - INTERVAL {int(BASELINE_LOOKBACK.total_seconds())} SECOND
   GROUP BY gpu_uuid"""
     return f"""
@@ -387,7 +386,7 @@ def _append(store: Store, cur: duckdb.DuckDBPyConnection, lo: dt.datetime,
             fresh = f"(SELECT * FROM {raw} WHERE ts > {_sql_ts(mark)})"
         _append_base(cur, fresh, lo_s)
         cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_part AS "
-                    f"{rollup_sql(lo_s, hi_s, fresh, append=True, base='_fc_base')}"
+                    f"{rollup_sql(lo_s, hi_s, fresh, base='_fc_base')}"
                     ).fetchall()
         cols = [r[0] for r in cur.execute(f"DESCRIBE {TABLE}").fetchall()]
         cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_merged AS "
@@ -432,16 +431,14 @@ def _append_base(cur: duckdb.DuckDBPyConnection, fresh: str, lo_s: str) -> None:
     """
     names = [c[:-5] for c in _STATE_COLS]
     back = f"{lo_s} - INTERVAL {int(BASELINE_LOOKBACK.total_seconds())} SECOND"
-    state = ", ".join(f"arg_max({c}, hour) AS {n}" for c, n in zip(_STATE_COLS, names,
-                                                                    strict=True))
     cur.execute(f"CREATE OR REPLACE TEMP TABLE _fc_gpus AS SELECT DISTINCT gpu_uuid FROM {fresh}"
                 ).fetchall()
     cur.execute(f"""CREATE OR REPLACE TEMP TABLE _fc_base AS
-        SELECT gpu_uuid, max(last_ts) AS ts, {state} FROM {TABLE}
+        SELECT gpu_uuid, max(last_ts) AS ts, {_BASE_STATE} FROM {TABLE}
         WHERE hour >= {lo_s} AND gpu_uuid IN (SELECT gpu_uuid FROM _fc_gpus)
         GROUP BY gpu_uuid""").fetchall()
     cur.execute(f"""INSERT INTO _fc_base
-        SELECT gpu_uuid, max(last_ts) AS ts, {state} FROM {TABLE}
+        SELECT gpu_uuid, max(last_ts) AS ts, {_BASE_STATE} FROM {TABLE}
         WHERE hour >= {back} AND hour < {lo_s} AND gpu_uuid IN (
           SELECT gpu_uuid FROM _fc_gpus WHERE gpu_uuid NOT IN (SELECT gpu_uuid FROM _fc_base))
         GROUP BY gpu_uuid""").fetchall()
