@@ -2,8 +2,8 @@
 
 A model is trained on a small simulated fleet, then a 12,500-node x 8-GPU fleet gets
 ``--hours`` of history at ``--interval`` seconds (default: a week, hourly, so every
-7-day window is full; a short history understates the windowed features). A cycle is what the service's
-``rescore`` does each period: ``features.refresh`` (hourly rollups) + ``latest_features``
+7-day window is full; a short history understates the windowed features). A cycle is
+what the service's ``rescore`` does each period: ``features.refresh`` (hourly rollups) + ``latest_features``
 + ``score`` (LightGBM, calibration, explanations, writing gpu_scores and node_scores).
 
 - cold: the first cycle after the history was loaded (every rollup row is built);
@@ -90,7 +90,8 @@ def _prepare_next(store: Store) -> float:
     return time.perf_counter() - t0
 
 
-def _cycle(store: Store) -> dict[str, float]:
+def _cycle(store: Store) -> tuple[dict[str, Any], Any]:
+    """One timed cycle's figures, and the features it scored (for the predict ceiling)."""
     builds = _base_builds()
     c0, t0 = time.process_time(), time.perf_counter()
     features.refresh(store)
@@ -103,7 +104,7 @@ def _cycle(store: Store) -> dict[str, float]:
             "cycle_s": t3 - t0, "cycle_cpu_s": c3 - c0, "refresh_cpu_s": c1 - c0,
             "latest_features_cpu_s": c2 - c1, "score_cpu_s": c3 - c2,
             "gpus": feats.num_rows, "scored_nodes": result.node_scores.num_rows,
-            "base_built": _base_builds() > builds}
+            "base_built": _base_builds() > builds}, feats
 
 
 def _ingest_tick(store: Store, sim: FleetSimulator, t: dt.datetime, interval_s: int) -> int:
@@ -153,7 +154,6 @@ def main() -> None:
                    help="seconds of telemetry landed before each steady cycle")
     p.add_argument("--cycles", type=int, default=6)
     args = p.parse_args()
-    tick = args.tick
     with tempfile.TemporaryDirectory() as tmp:
         small = Store(Path(tmp) / "small.duckdb")
         spec = FleetSpec(nodes=24, seed=5, failure_scale=20)
@@ -173,23 +173,23 @@ def main() -> None:
         t0 = time.perf_counter()
         loaded = load_history(big, sim, spec.start, end, interval_s=args.interval)
         load_s = time.perf_counter() - t0
-        cold = _cycle(big)
+        cold, _ = _cycle(big)
         cold["prepare_s"] = _prepare_next(big)
         _reset_hwm()
         steady: list[dict[str, float]] = []
         t = end
         for _ in range(args.cycles):
             t0 = time.perf_counter()
-            new = _ingest_tick(big, sim, t, tick)
+            new = _ingest_tick(big, sim, t, args.tick)
             ingest_s = time.perf_counter() - t0
-            row = _cycle(big)
+            row, feats = _cycle(big)
             row["ingest_s"] = ingest_s
             row["new_samples"] = new
             row["rollup_ceiling_s"] = _rollup_ceiling(big, t - dt.timedelta(microseconds=1))
-            row["predict_ceiling_s"] = _predict_ceiling(big, features.latest_features(big))
+            row["predict_ceiling_s"] = _predict_ceiling(big, feats)
             row["prepare_s"] = _prepare_next(big)
             steady.append(row)
-            t += dt.timedelta(seconds=tick)
+            t += dt.timedelta(seconds=args.tick)
         steady_hwm = _hwm_mib()
         big.close()
     keys = ("refresh_s", "latest_features_s", "score_s", "cycle_s", "ingest_s",
@@ -205,7 +205,7 @@ def main() -> None:
         "gpus": cold["gpus"], "history_samples": loaded.samples,
         "history_load_s": round(load_s, 2),
         "cold": {k: round(v, 3) for k, v in cold.items()},
-        "tick_s": tick,
+        "tick_s": args.tick,
         "steady_median": med, "steady_cycles": len(steady), **split,
         "new_samples_per_cycle": steady[0]["new_samples"],
         "steady_cycle_s_each": [round(r["cycle_s"], 3) for r in steady],
