@@ -153,3 +153,19 @@ def test_anything_but_a_clean_matrix_is_left_to_the_checked_path():
     spaced = b'{"status":"success","data":{"resultType":"matrix","result":[' \
              b'{"metric":{},"values":[[1, "+Inf"]]}]}}'
     assert decode_matrix(spaced) is None      # not Prometheus' own spacing: json path
+
+
+def test_every_mapped_field_converts_as_its_contract_type():
+    """samples_table converts by the field's contract type; the exporter by its own
+    converter: they must agree for every mapped DCGM field."""
+    import pyarrow as pa
+
+    from fleetcare.collectors.dcgm_exporter import FIELD_MAP
+    from fleetcare.pipeline import schema
+
+    for fname, conv in FIELD_MAP.values():
+        typ = schema.SAMPLE_SCHEMA.field(fname).type
+        got = conv(7.9)
+        want = (bool if pa.types.is_boolean(typ) else int if pa.types.is_integer(typ)
+                else float)
+        assert type(got) is want, (fname, got, typ)

@@ -85,12 +85,6 @@ def _blank(v: np.ndarray) -> np.ndarray:
             (v >= DCGM_INT32_BLANK) & (v <= 0x7FFFFFFF))
 
 
-def _conv_kind(m: SeriesMeaning) -> str:
-    """The Arrow kind a field is converted to, from the exporter's converter."""
-    name = getattr(m.conv, "__name__", "")
-    return {"_f": "float", "_i": "int", "_b": "bool"}[name]
-
-
 class _Field:
     """One scalar field's values by sample row, with the exporter's precedence rules."""
 
@@ -217,16 +211,16 @@ def samples_table(matrices: Sequence[Matrix], *, node_label: str | None = None,
     v_all = pts[:, 1]
     blank_all = _blank(v_all)
     fields: dict[str, _Field] = {}
-    kinds: dict[str, str] = {}
     links: dict[str, _Links] = {}
     for (m, _), a, b in zip(series, starts, ends, strict=True):
         if m.kind == "field":
-            kind = kinds.setdefault(m.fname, _conv_kind(m))
+            # converted as the exporter does (int(v), v != 0): the field's contract type
+            typ = target.field(m.fname).type
             ok = ~blank_all[a:b]
             val = v_all[a:b][ok]
-            if kind == "int":
+            if pa.types.is_integer(typ):
                 val = np.trunc(val)
-            elif kind == "bool":
+            elif pa.types.is_boolean(typ):
                 val = (val != 0).astype(np.float64)
             fields.setdefault(m.fname, _Field(n, m.fname)).add(rows[a:b][ok], val, m.mig)
         elif m.kind == "link":
