@@ -98,10 +98,11 @@ def _xid_buckets(key: str) -> str:
     return f"SELECT {key}, date_trunc('hour', ts) AS hour, {cols} FROM xev GROUP BY ALL"
 
 
-def _ident(rows: str = "src") -> str:
-    """The CTE ``ident``: each GPU's newest identity over the hourly ``rows``."""
+def _ident(rows: str = "src", name: str = "ident") -> str:
+    """The CTE ``name`` (default ``ident``): each GPU's newest identity over the hourly
+    ``rows``."""
     return f"""
-ident AS (
+{name} AS (
   SELECT gpu_uuid, arg_max(node, hour) AS node, arg_max(gpu_index, hour) AS gpu_index,
          arg_max({_bus('pci_bus_id')}, hour) AS bus
   FROM {rows} GROUP BY gpu_uuid

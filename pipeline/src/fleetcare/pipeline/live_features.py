@@ -149,15 +149,13 @@ def _tele_sql(source: str, at: str) -> str:
     new_cols = [s for (fn, expr), col in _NEW.items() for s in _states(fn, expr, col)]
     feats = ",\n    ".join(f"{sql} AS {name}" for name, sql in windowed_sql(_merge))
     now = ",\n    ".join(f"coalesce(l.l_{name}, b.b_{name}) AS {name}" for name, _ in now_sql())
-    ident = f"""
-srcl AS (SELECT * FROM {source} WHERE hour >= {cut} AND hour <= {hf}),
+    ident = f"""{f._ident(f"(SELECT * FROM {source} WHERE hour >= {cut} AND hour <= {hf})",
+                          "ident_new")},
 ident AS (
   SELECT coalesce(n.gpu_uuid, b.b_gpu_uuid) AS gpu_uuid,
     coalesce(n.node, b.b_node) AS node, coalesce(n.gpu_index, b.b_gpu_index) AS gpu_index,
     coalesce(n.bus, b.b_bus) AS bus
-  FROM (SELECT gpu_uuid, arg_max(node, hour) AS node, arg_max(gpu_index, hour) AS gpu_index,
-               arg_max({f._bus('pci_bus_id')}, hour) AS bus FROM srcl GROUP BY gpu_uuid) n
-  FULL OUTER JOIN fc_base b ON b.b_gpu_uuid = n.gpu_uuid
+  FROM ident_new n FULL OUTER JOIN fc_base b ON b.b_gpu_uuid = n.gpu_uuid
 )"""
     xlo = f"{lo} - INTERVAL {LEMON_DAYS * 24 - f._LOOKBACK_H} HOUR"
     stale = int(f.STALE_AFTER.total_seconds())
