@@ -51,7 +51,8 @@ from fleetcare.collectors.transport.framing import HEADER_SIZE, SEGMENT_MAGIC, e
 from fleetcare.collectors.transport.kafka import _record as kafka_record
 from fleetcare.pipeline.ingest import Ingestor
 from fleetcare.pipeline.lake import LakeWriter
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.schema import SAMPLE_SCHEMA
+from fleetcare.pipeline.store import Store, flatten_batches, records_to_arrow
 from fleetcare.pipeline.validate import CODES, ValidationResult, Validator, source_of
 
 FUZZ = "FLEETCARE_FUZZ_EXAMPLES" in os.environ
@@ -206,9 +207,9 @@ class RecordingLake(LakeWriter):
         self.inserted: list[Batch] = []
         self.rejected: list[Any] = []
 
-    def insert_batches(self, batches: Any) -> tuple[int, int, int]:
+    def insert_batches(self, batches: Any, **kw: Any) -> tuple[int, int, int]:
         batches = list(batches)
-        counts = super().insert_batches(batches)
+        counts = super().insert_batches(batches, **kw)
         self.inserted.extend(batches)
         return counts
 
@@ -236,6 +237,9 @@ def check_property(records: list[Record], valid: dict[int, Batch], sink: Any) ->
     assert consumer.committed == (1 if records else -1)
     assert result.records == len(records) and result.quarantined == len(expected.rejections)
     assert sink.inserted == expected.batches  # what was kept, landed, once
+    if expected.sample_table is not None:  # the rows the sinks insert are those samples
+        rows = records_to_arrow(flatten_batches(expected.batches)[0], SAMPLE_SCHEMA)
+        assert repr(expected.sample_table.to_pylist()) == repr(rows.to_pylist())
     assert [r.source for r in sink.rejected] == [r.source for r in expected.rejections]
     sources = [source_of(r) for r in records]
     kept = [k.source for k in expected.kept]
@@ -341,9 +345,9 @@ class RecordingStore(Store):
         self.inserted: list[Batch] = []
         self.rejected: list[Any] = []
 
-    def insert_batches(self, batches: Any) -> tuple[int, int, int]:
+    def insert_batches(self, batches: Any, **kw: Any) -> tuple[int, int, int]:
         batches = list(batches)
-        counts = super().insert_batches(batches)
+        counts = super().insert_batches(batches, **kw)
         self.inserted.extend(batches)
         return counts
 

@@ -288,7 +288,7 @@ def test_worker_idle_exit_uses_the_injected_clock(tmp_path: Path) -> None:
 
 def test_a_failed_write_stops_without_committing(tmp_path: Path) -> None:
     class Broken:
-        def insert_batches(self, batches: object) -> tuple[int, int, int]:
+        def insert_batches(self, batches: object, **kw: object) -> tuple[int, int, int]:
             raise OSError("disk full")
 
         def quarantine(self, *a: object, **k: object) -> None:

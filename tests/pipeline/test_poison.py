@@ -278,7 +278,7 @@ def test_a_batch_the_store_cannot_hold_is_quarantined_alone(store: Store) -> Non
 
 
 class BrokenDisk(Store):
-    def insert_batches(self, batches: Any) -> tuple[int, int, int]:
+    def insert_batches(self, batches: Any, **kw: Any) -> tuple[int, int, int]:
         raise duckdb.IOException("disk full")
 
 

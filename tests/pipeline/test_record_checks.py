@@ -17,7 +17,7 @@ from fleetcare.collectors.contract import (
     Incident,
     XidEvent,
 )
-from fleetcare.pipeline.record_checks import _SHAPES, RecordChecks
+from fleetcare.pipeline.record_checks import SHAPES, RecordChecks
 from fleetcare.pipeline.validate import KNOWN_CAUSES, Limits
 from tests.collectors.test_contract import sample
 
@@ -54,7 +54,7 @@ def slow(checks: RecordChecks, section: str, rec: msgspec.Struct,
          monkeypatch: pytest.MonkeyPatch) -> tuple[list[Any], set[str]]:
     with monkeypatch.context() as m:
         m.setattr(checks, "_shape_clean", lambda shape, row: False)
-        return checks._shape(_SHAPES[section], msgspec.structs.astuple(rec))
+        return checks._shape(SHAPES[section], msgspec.structs.astuple(rec))
 
 
 @pytest.mark.parametrize("kw", SAMPLE_CASES, ids=[",".join(k) or "clean" for k in
@@ -63,9 +63,9 @@ def test_fast_clean_test_agrees_with_the_per_field_loop(kw, monkeypatch):
     checks = RecordChecks(LIM, KNOWN_CAUSES)
     rec = sample(**kw)
     expected = slow(checks, "samples", rec, monkeypatch)
-    clean = checks._shape_clean(_SHAPES["samples"], msgspec.structs.astuple(rec))
+    clean = checks._shape_clean(SHAPES["samples"], msgspec.structs.astuple(rec))
     assert clean == (expected == ([], set())), (kw, expected)
-    assert checks._shape(_SHAPES["samples"], msgspec.structs.astuple(rec)) == expected
+    assert checks._shape(SHAPES["samples"], msgspec.structs.astuple(rec)) == expected
 
 
 @pytest.mark.parametrize("rec", [
@@ -81,14 +81,14 @@ def test_events_and_incidents_too(rec, monkeypatch):
     section = "events" if isinstance(rec, XidEvent) else "incidents"
     checks = RecordChecks(LIM, KNOWN_CAUSES)
     expected = slow(checks, section, rec, monkeypatch)
-    clean = checks._shape_clean(_SHAPES[section], msgspec.structs.astuple(rec))
+    clean = checks._shape_clean(SHAPES[section], msgspec.structs.astuple(rec))
     assert clean == (expected == ([], set()))
-    assert checks._shape(_SHAPES[section], msgspec.structs.astuple(rec)) == expected
+    assert checks._shape(SHAPES[section], msgspec.structs.astuple(rec)) == expected
 
 
 def test_the_cases_cover_clean_and_every_group():
     checks = RecordChecks(LIM, KNOWN_CAUSES)
-    shape = _SHAPES["samples"]
+    shape = SHAPES["samples"]
     verdicts = [checks._shape_clean(shape, msgspec.structs.astuple(sample(**kw)))
                 for kw in SAMPLE_CASES]
     assert verdicts.count(True) >= 8 and verdicts.count(False) >= 10

@@ -316,3 +316,25 @@ def test_ingest_keeps_running_counts_and_the_cli_prints_what_was_stored(tmp_path
     assert msgspec.msgpack.decode(base64.b64decode(hot_q["raw_base64"]))["gpu_temp_c"] == 10_000
     assert '"gpu_temp_c":10000.0' in hot_q["raw_preview"]
     assert by_source[f"{TELEMETRY_TOPIC}/0@1"]["raw_preview"] == "\\xff\\xfe junk"
+
+
+def test_the_poll_table_holds_exactly_the_kept_samples() -> None:
+    """Validation converts a poll's samples once (``sample_table``, what the sinks insert);
+    after bad samples, a bad message and a salvaged one it holds the kept samples only."""
+    from fleetcare.pipeline.schema import SAMPLE_SCHEMA
+    from fleetcare.pipeline.store import flatten_batches, records_to_arrow
+
+    bad_sample, salvaged = good_dict(), good_dict()
+    bad_sample["samples"][0]["gpu_temp_c"] = 9999.0
+    bad_sample["samples"][2]["nvlink_crc_flit"] = [1, -1, 0]
+    salvaged["samples"][1]["power_w"] = "hot"  # does not decode: the batch is salvaged
+    raws = [encode(good_dict(), "msgpack"), encode(bad_sample, "msgpack"), b"\x00garbage",
+            encode(salvaged, "json"), encode(good_dict(), "json")]
+    result = validator().validate([Record(TELEMETRY_TOPIC, NODE, r, 0, i)
+                                   for i, r in enumerate(raws)])
+    kept = flatten_batches(result.batches)[0]
+    assert len(kept) == 3 + 1 + 2 + 3
+    assert result.sample_table is not None
+    assert result.sample_table.to_pylist() == records_to_arrow(kept, SAMPLE_SCHEMA).to_pylist()
+    assert sorted(r.code for r in result.rejections) == [
+        "negative_counter", "temperature_out_of_range", "undecodable", "wrong_type"]

@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport import BusConsumer, Record
+from fleetcare.pipeline.gc_pause import gc_paused
 from fleetcare.pipeline.record_checks import clip
 from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.validate import (
@@ -81,10 +82,11 @@ class Ingestor:
         records = self.consumer.poll(timeout_s, self.max_records)
         if not records:
             return IngestResult(0, 0, 0, 0, 0)
-        checked = self._validate(records)
-        nics_before = getattr(self.store, "nic_rows_added", 0)
-        samples, events, incidents = self._land(checked)
-        nics = getattr(self.store, "nic_rows_added", 0) - nics_before
+        with gc_paused():  # a poll's decoded records need no cycle collector
+            checked = self._validate(records)
+            nics_before = getattr(self.store, "nic_rows_added", 0)
+            samples, events, incidents = self._land(checked)
+            nics = getattr(self.store, "nic_rows_added", 0) - nics_before
         if self.on_landed is not None and checked.kept:
             try:
                 self.on_landed(checked.batches)
@@ -133,7 +135,9 @@ class Ingestor:
         if not checked.kept:
             return 0, 0, 0
         try:
-            return self.store.insert_batches(checked.batches)
+            if checked.sample_table is None:
+                return self.store.insert_batches(checked.batches)
+            return self.store.insert_batches(checked.batches, sample_table=checked.sample_table)
         except DATA_ERRORS as exc:
             log.warning("ingest.insert_refused batches=%d error=%s: inserting them one by one",
                         len(checked.kept), clip(str(exc)))
@@ -152,6 +156,7 @@ class Ingestor:
             landed.append(kept)
             totals = [t + c for t, c in zip(totals, counts, strict=True)]
         checked.kept = landed
+        checked.sample_table = None
         return totals[0], totals[1], totals[2]
 
     def _quarantine(self, rejections: Sequence[Rejection]) -> None:

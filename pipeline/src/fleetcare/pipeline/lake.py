@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport.spool import fsync_dir
 from fleetcare.pipeline import schema
-from fleetcare.pipeline.store import flatten_batches, flatten_nics, records_to_arrow
+from fleetcare.pipeline.store import flatten_batches, flatten_nics, records_to_arrow, sample_rows
 
 log = logging.getLogger(__name__)
 
@@ -136,16 +136,19 @@ class LakeWriter:
         ensure_layout(self.root)
 
     # -- what the Ingestor calls (same names as Store's) --------------------------------
-    def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
+    def insert_batches(self, batches: Iterable[Batch], *,
+                       sample_table: pa.Table | None = None) -> tuple[int, int, int]:
         """Buffer decoded batches; returns rows accepted (samples, events, incidents);
-        NIC samples are buffered too and counted in ``nic_rows_added``."""
+        NIC samples are buffered too and counted in ``nic_rows_added``.
+        ``sample_table``: the batches' samples already converted (``store.sample_rows``)."""
         batches = list(batches)
         samples, events, incidents = flatten_batches(batches)
         nics = flatten_nics(batches)
-        converted = [(name, records_to_arrow(records, TABLES[name].schema))
-                     for name, records in (("telemetry", samples), ("xid_events", events),
-                                           ("incidents", incidents), ("nic_telemetry", nics))
-                     if records]
+        converted = [("telemetry", sample_rows(samples, sample_table))] if samples else []
+        converted += [(name, records_to_arrow(records, TABLES[name].schema))
+                      for name, records in (("xid_events", events), ("incidents", incidents),
+                                            ("nic_telemetry", nics))
+                      if records]
         for name, table in converted:  # all converted first: a bad value buffers nothing
             self._buffer[name].append(table)
         self.nic_rows_added += len(nics)

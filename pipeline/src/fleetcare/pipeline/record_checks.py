@@ -47,7 +47,7 @@ Problem = tuple[str, str]
 TEXT_FIELDS = frozenset({"message", "note"})
 """Free-text fields: ``Limits.max_text_len``; every other string ``Limits.max_name_len``."""
 
-_RANGED: tuple[tuple[str, str, str, str], ...] = (
+RANGED: tuple[tuple[str, str, str, str], ...] = (
     # (field, code, Limits attribute, unit)
     ("gpu_temp_c", "temperature_out_of_range", "temp_c", "°C"),
     ("mem_temp_c", "temperature_out_of_range", "temp_c", "°C"),
@@ -63,10 +63,10 @@ _RANGED: tuple[tuple[str, str, str, str], ...] = (
     ("pcie_link_gen", "pcie_gen_out_of_range", "pcie_gen", ""),
     ("pcie_link_gen_max", "pcie_gen_out_of_range", "pcie_gen", ""),
 )
-_COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
+COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
              "ecc_uncorrected_aggregate", "retired_pages_sbe", "retired_pages_dbe",
              "remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replay_count")
-_NVLINK_LISTS = ("nvlink_up", "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay",
+NVLINK_LISTS = ("nvlink_up", "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay",
                  "nvlink_recovery")
 
 
@@ -112,7 +112,7 @@ class _Shape:
         self.list_values = _getter([i for i, _ in self.int_lists])
 
 
-_SHAPES = {"samples": _Shape(GpuSample), "events": _Shape(XidEvent),
+SHAPES = {"samples": _Shape(GpuSample), "events": _Shape(XidEvent),
            "incidents": _Shape(Incident), "nics": _Shape(NicSample)}
 _INT_SENTINEL = (f"is not a count: from {DCGM_INT64_BLANK} (DCGM_INT64_BLANK) up, integers "
                  "are DCGM's blank / not-found / not-supported / no-permission sentinels or "
@@ -133,7 +133,7 @@ class RecordChecks:
     def check(self, section: str, rec: Any, node: str, now: float) -> list[Problem]:
         """Every problem of ``rec`` (of ``section``: samples, events, incidents), in order."""
         row = msgspec.structs.astuple(rec)
-        p, unusable = self._shape(_SHAPES[section], row)
+        p, unusable = self._shape(SHAPES[section], row)
         p += self._common(rec, node, now)
         if section == "samples":
             p += self._sample(rec, unusable)
@@ -238,7 +238,7 @@ class RecordChecks:
     def _sample(self, s: GpuSample, unusable: set[str]) -> list[Problem]:
         lim = self.limits
         p: list[Problem] = []
-        for name, code, attr, unit in _RANGED:
+        for name, code, attr, unit in RANGED:
             v = getattr(s, name)
             if v is None or name in unusable:
                 continue
@@ -250,7 +250,7 @@ class RecordChecks:
                 and s.fb_used_mib > s.fb_total_mib and not {"fb_used_mib", "fb_total_mib"} & unusable:
             p.append(("fb_used_exceeds_total", f"fb_used_mib = {s.fb_used_mib!r} is more than "
                                                f"fb_total_mib = {s.fb_total_mib!r}"))
-        for name in _COUNTERS:
+        for name in COUNTERS:
             v = getattr(s, name)
             if v is not None and v < 0:
                 p.append(("negative_counter", f"{name} = {v!r} is negative; counters are "
@@ -273,7 +273,7 @@ class RecordChecks:
 
     def _nvlink(self, s: GpuSample) -> list[Problem]:
         p: list[Problem] = []
-        lists = {n: getattr(s, n) for n in _NVLINK_LISTS if getattr(s, n) is not None}
+        lists = {n: getattr(s, n) for n in NVLINK_LISTS if getattr(s, n) is not None}
         for name, values in lists.items():
             if len(values) > self.limits.max_nvlinks:
                 p.append(("nvlink_too_many_links",

@@ -117,6 +117,17 @@ def flatten_batches(
     return samples, events, incidents
 
 
+def sample_rows(samples: Sequence[GpuSample], table: pa.Table | None) -> pa.Table:
+    """``samples`` as Arrow: ``table`` when it is them already (validation converts a
+    poll's samples once, ``ValidationResult.sample_table``), else converted here."""
+    if table is not None:
+        if table.num_rows == len(samples) and table.schema == schema.SAMPLE_SCHEMA:
+            return table
+        log.error("store.sample_table_mismatch rows=%d samples=%d: converting the samples "
+                  "again (a bug: report it)", table.num_rows, len(samples))
+    return records_to_arrow(samples, schema.SAMPLE_SCHEMA)
+
+
 def flatten_nics(batches: Iterable[Batch]) -> list[NicSample]:
     """The NIC samples of many batches, in arrival order."""
     return [n for b in batches for n in b.nics]
@@ -302,15 +313,17 @@ class Store:
             self.mark_dirty(pc.min(data.column("ts")).as_py(), key=NIC_DIRTY_SINCE_KEY)
         return self._insert_new("nic_telemetry", data, schema.NIC_KEY)
 
-    def insert_batches(self, batches: Iterable[Batch]) -> tuple[int, int, int]:
+    def insert_batches(self, batches: Iterable[Batch], *,
+                       sample_table: pa.Table | None = None) -> tuple[int, int, int]:
         """Land decoded batches; returns rows added (samples, events, incidents). NIC
         samples land in ``nic_telemetry`` too; ``nic_rows_added`` counts them.
+        ``sample_table``: the batches' samples already converted (``sample_rows``).
 
         All rows are converted to Arrow before any is inserted, so a value Arrow cannot
         hold (``OverflowError``, ``ArrowInvalid``) fails the call before it wrote anything."""
         batches = list(batches)
         samples, events, incidents = flatten_batches(batches)
-        tables = (records_to_arrow(samples, schema.SAMPLE_SCHEMA),
+        tables = (sample_rows(samples, sample_table),
                   records_to_arrow(events, schema.EVENT_SCHEMA),
                   records_to_arrow(incidents, schema.INCIDENT_SCHEMA))
         nics = records_to_arrow(flatten_nics(batches), schema.NIC_SCHEMA)

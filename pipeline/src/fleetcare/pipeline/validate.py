@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
+import pyarrow as pa
 
 from fleetcare.collectors.contract import (
     TOO_DEEP,
@@ -71,6 +72,7 @@ from fleetcare.collectors.contract import (
 from fleetcare.collectors.transport import READ_ERRORS, Record
 from fleetcare.pipeline.limits import KNOWN_CAUSES, OPERATOR_CAUSES, Limits
 from fleetcare.pipeline.record_checks import Problem, RecordChecks, clip, short
+from fleetcare.pipeline.sample_screen import SampleScreen
 
 __all__ = ["CODES", "KNOWN_CAUSES", "OPERATOR_CAUSES", "Kept", "Limits", "RecordValidator",
            "Rejection", "ValidationResult", "Validator"]
@@ -160,6 +162,10 @@ class Kept:
 class ValidationResult:
     kept: list[Kept] = field(default_factory=list)
     rejections: list[Rejection] = field(default_factory=list)
+    sample_table: pa.Table | None = None
+    """The samples of ``kept``'s batches, in order, as the Arrow table the sinks insert
+    (``schema.SAMPLE_SCHEMA``), built once while they were screened; None when it was not
+    (the sinks then convert the samples). Any change to ``kept`` drops it."""
 
     @property
     def batches(self) -> list[Batch]:
@@ -172,8 +178,11 @@ class ValidationResult:
 
     def keep(self, batch: Batch, source: str, raw: bytes) -> None:
         self.kept.append(Kept(batch, source, raw))
+        self.sample_table = None
 
     def extend(self, other: ValidationResult) -> None:
+        self.sample_table = (other.sample_table if not self.kept
+                             else None if other.kept else self.sample_table)
         self.kept.extend(other.kept)
         self.rejections.extend(other.rejections)
 
@@ -300,6 +309,26 @@ class _Slices:
         return bytes(records[index]) if index < len(records) else self.raw
 
 
+def _landed(batch: Batch, kept: Batch | None) -> list[bool]:
+    """For each sample of ``batch``: whether ``kept`` (the batch less its bad records, as
+    ``check_batch`` returns it: the same sample objects, in order) still holds it."""
+    if kept is None:
+        return [False] * len(batch.samples)
+    if len(kept.samples) == len(batch.samples):
+        return [True] * len(batch.samples)
+    held = {id(s) for s in kept.samples}
+    return [id(s) in held for s in batch.samples]
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class _Opened:
+    """A decoded batch whose envelope passed, waiting for its records' checks."""
+
+    batch: Batch
+    source: str
+    slices: _Slices
+
+
 class Validator:
     """The standard ``RecordValidator``: decode, check the envelope, check every record."""
 
@@ -308,6 +337,7 @@ class Validator:
         self.clock = clock
         self.limits = limits or Limits()
         self.checks = RecordChecks(self.limits, causes)
+        self.screen = SampleScreen(self.limits)
 
     @property
     def causes(self) -> frozenset[str]:
@@ -315,29 +345,52 @@ class Validator:
 
     # -- entry points ----------------------------------------------------------------------
     def validate(self, records: Sequence[Record]) -> ValidationResult:
-        result = ValidationResult()
+        """Every record decoded and its envelope checked, then the samples of all of them
+        screened together (``SampleScreen``: a column at a time), then each record's
+        checks run: on all its events, incidents and NIC samples, and on the samples the
+        screen could not clear. Kept batches and rejections come in record order; a record
+        whose handling raised (what nobody foresaw) is one ``unexpected_error``."""
+        now = self.clock()
+        opened: list[tuple[Record, ValidationResult, _Opened | None]] = []
         for rec in records:
-            self.validate_record(rec, result)
+            one = ValidationResult()
+            try:
+                opened.append((rec, one, self._open(rec, one)))
+            except Exception as exc:
+                log.exception("ingest.validation_failed source=%s", source_of(rec))
+                opened.append((rec, ValidationResult(rejections=[unexpected(rec, exc)]), None))
+        suspects, table = self._screen([o for _, _, o in opened if o is not None], now)
+        result = ValidationResult()
+        keep: list[bool] = []  # per screened sample: landed (its row of ``table`` kept)
+        for rec, one, o in opened:
+            if o is not None:
+                try:
+                    kept = self.check_batch(o.batch, source=o.source, raw=rec.value,
+                                            rejections=one.rejections, slices=o.slices,
+                                            now=now, suspects=suspects.get(id(o)))
+                    if kept is not None:
+                        one.keep(kept, o.source, rec.value)
+                except Exception as exc:
+                    log.exception("ingest.validation_failed source=%s", o.source)
+                    one = ValidationResult(rejections=[unexpected(rec, exc)])
+                keep += _landed(o.batch, one.kept[0].batch if one.kept else None)
+            result.extend(one)
+        if table is not None and table.num_rows == len(keep):
+            result.sample_table = table if all(keep) else table.filter(pa.array(keep))
         return result
 
     def validate_record(self, rec: Record, result: ValidationResult) -> None:
         """Append the kept batch (if any) and the rejections of one bus record; never
         raises (what nobody foresaw becomes an ``unexpected_error`` rejection)."""
-        source = source_of(rec)
-        if rec.error_code is not None:
-            result.rejections.append(Rejection(rec.error_code, rec.error, source, rec.value))
-            return
-        one = ValidationResult()
-        try:
-            self._validate(rec, source, one)
-        except Exception as exc:
-            log.exception("ingest.validation_failed source=%s", source)
-            result.rejections.append(unexpected(rec, exc))
-            return
-        result.extend(one)
+        result.extend(self.validate([rec]))
 
-    def _validate(self, rec: Record, source: str, result: ValidationResult) -> None:
-        raw = rec.value
+    def _open(self, rec: Record, result: ValidationResult) -> _Opened | None:
+        """Decode ``rec`` and check its envelope: the batch whose records are to be
+        checked, or None when the whole record was rejected (appended to ``result``)."""
+        raw, source = rec.value, source_of(rec)
+        if rec.error_code is not None:
+            result.rejections.append(Rejection(rec.error_code, rec.error, source, raw))
+            return None
         undecoded: list[Rejection] = []
         slices: _Slices | None = None
         try:
@@ -345,22 +398,44 @@ class Validator:
         except SchemaVersionError as exc:
             result.rejections.append(Rejection("schema_version_unsupported", exc.reason,
                                                source, raw))
-            return
+            return None
         except DecodeError as exc:
             salvage = self._salvage(raw, exc, source, rec.key)
             if isinstance(salvage, Rejection):
                 result.rejections.append(salvage)
-                return
+                return None
             batch, undecoded, slices = salvage
         envelope = self._check_envelope(batch, rec.key, undecoded)
         if envelope is not None:
             result.rejections.append(Rejection(envelope[0], envelope[1], source, raw))
-            return
+            return None
         result.rejections.extend(undecoded)
-        kept = self.check_batch(batch, source=source, raw=raw, rejections=result.rejections,
-                                slices=slices)
-        if kept is not None:
-            result.keep(kept, source, raw)
+        return _Opened(batch, source, slices or _Slices(raw))
+
+    def _screen(self, opened: list[_Opened], now: float
+                ) -> tuple[dict[int, set[int]], pa.Table | None]:
+        """The suspect samples of each opened batch (keyed by ``id``), screened in one
+        pass, and the table of all their samples (None: the sinks convert them). A batch
+        missing from the answer has every sample checked: if the screen raises (nobody
+        foresaw it), that costs time, never a check."""
+        samples = [s for o in opened for s in o.batch.samples]
+        nodes = [o.batch.node for o in opened for _ in o.batch.samples]
+        try:
+            screened = self.screen.screen(samples, nodes, now)
+        except Exception:
+            log.exception("ingest.screen_failed samples=%d: checking each one", len(samples))
+            return {}, None
+        flagged = sorted(screened.suspects)
+        out: dict[int, set[int]] = {}
+        start = k = 0
+        for o in opened:
+            end = start + len(o.batch.samples)
+            mine = out[id(o)] = set()
+            while k < len(flagged) and flagged[k] < end:
+                mine.add(flagged[k] - start)
+                k += 1
+            start = end
+        return out, screened.table
 
     def _check_envelope(self, batch: Batch | _LooseBatch, key: str,
                         undecoded: Sequence[Rejection]) -> Problem | None:
@@ -386,13 +461,22 @@ class Validator:
         return None
 
     def check_batch(self, batch: Batch, *, source: str, raw: bytes,
-                    rejections: list[Rejection], slices: _Slices | None = None) -> Batch | None:
-        """``batch`` without its bad records (None when none is left); appends rejections."""
-        now = self.clock()
+                    rejections: list[Rejection], slices: _Slices | None = None,
+                    now: float | None = None, suspects: set[int] | None = None
+                    ) -> Batch | None:
+        """``batch`` without its bad records (None when none is left); appends rejections.
+        ``suspects``: the only samples that may have a problem (``SampleScreen``); None
+        checks every sample."""
+        now = self.clock() if now is None else now
         slices = slices or _Slices(raw)
         bad: dict[str, set[int]] = {}
         for section, _ in _SECTIONS:
-            for i, rec in enumerate(getattr(batch, section)):
+            records = getattr(batch, section)
+            indexes: Iterable[int] = range(len(records))
+            if section == "samples" and suspects is not None:
+                indexes = sorted(suspects)
+            for i in indexes:
+                rec = records[i]
                 problems = self.checks.check(section, rec, batch.node, now)
                 if problems:
                     bad.setdefault(section, set()).add(i)
