@@ -56,12 +56,14 @@ def telemetry_triggers(store: Any) -> list[tuple[dt.datetime, str]]:
           SELECT ts, node, {lags},
             coalesce(remapped_rows_failure, false) AS rf,
             lag(coalesce(remapped_rows_failure, false)) OVER w AS p_rf,
-            nvlink_up, lag(nvlink_up IGNORE NULLS) OVER w AS p_up
-          FROM telemetry WINDOW w AS (PARTITION BY gpu_uuid ORDER BY ts))
+            nvlink_down_mask AS dm, lag(nvlink_down_mask IGNORE NULLS) OVER w AS p_dm,
+            up_links, lag(up_links IGNORE NULLS) OVER w AS p_links
+          FROM (SELECT *, CASE WHEN nvlink_present & 1 = 1 THEN nvlink_links END AS up_links
+                FROM telemetry)
+          WINDOW w AS (PARTITION BY gpu_uuid ORDER BY ts))
         SELECT DISTINCT ts, node FROM s
         WHERE ({grew}) OR (rf AND p_rf = false)
-           OR (len(p_up) = len(nvlink_up) AND list_count(list_filter(
-                 list_zip(p_up, nvlink_up), lambda x: x[1] AND NOT x[2])) > 0)
+           OR (p_links = up_links AND bit_count(dm & ~p_dm) > 0)  -- a link up went down
         UNION
         SELECT ts, node FROM (
           SELECT ts, node, state,

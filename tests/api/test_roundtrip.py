@@ -81,6 +81,7 @@ def live(tmp_path_factory):
 def test_sample_survives_wire_store_and_api(live, sample, fmt):
     store, client = live
     store.con.execute("DELETE FROM telemetry").fetchall()
+    store.con.execute("DELETE FROM telemetry_nvlink").fetchall()  # its per-link rows
 
     batch = Batch(schema_version=SCHEMA_VERSION, node=sample.node, seq=1,
                   sent_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), samples=[sample])

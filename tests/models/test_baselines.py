@@ -7,6 +7,7 @@ import datetime as dt
 import numpy as np
 import pytest
 
+from fleetcare.collectors.contract import GpuSample
 from fleetcare.models import baselines as B
 from fleetcare.models.metrics import Failure, average_precision
 from fleetcare.pipeline.store import Store
@@ -64,15 +65,13 @@ def tele(tmp_path):
 
 def _row(store, minute, gpu="g0", node="node-a", dbe=0, replay=0, remap_fail=False, reasons=0,
          up=(True, True)):
-    store.con.execute(
-        "INSERT INTO telemetry (ts, node, gpu_uuid, ecc_uncorrected_volatile, "
-        "retired_pages_sbe, retired_pages_dbe, retired_pages_pending, remapped_rows_failure, "
-        "remapped_rows_pending, pcie_replay_count, nvlink_up, nvlink_crc_flit, "
-        "nvlink_crc_data, nvlink_replay, nvlink_recovery, clock_event_reasons) "
-        "VALUES (?, ?, ?, ?, NULL, NULL, NULL, ?, FALSE, ?, ?, "
-                "[0, 0], [0, 0], [0, 0], [0, 0], ?)",
-                [T0 + dt.timedelta(minutes=minute), node, gpu, dbe, remap_fail, replay,
-                 list(up), reasons])
+    store.insert_sample_records([GpuSample(
+        ts=T0 + dt.timedelta(minutes=minute), node=node, gpu_uuid=gpu, gpu_index=0,
+        pci_bus_id="00000000:18:00.0", model="H100", ecc_uncorrected_volatile=dbe,
+        remapped_rows_failure=remap_fail, remapped_rows_pending=False,
+        pcie_replay_count=replay, nvlink_up=list(up), nvlink_crc_flit=[0, 0],
+        nvlink_crc_data=[0, 0], nvlink_replay=[0, 0], nvlink_recovery=[0, 0],
+        clock_event_reasons=reasons)])
 
 
 def test_dcgm_dbe_threshold_fires_on_the_first_new_dbe(tele):

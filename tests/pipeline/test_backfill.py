@@ -164,7 +164,8 @@ def server(request: pytest.FixtureRequest,
 def _table(db: Path) -> dict[str, list[Any]]:
     with Store(db, read_only=True) as store:
         cur = store.cursor()
-        rows = cur.execute("SELECT * FROM telemetry ORDER BY gpu_uuid, ts").fetchall()
+        rows = cur.execute(schema.contract_samples_sql() + " ORDER BY t.gpu_uuid, t.ts"
+                           ).fetchall()  # every sample whole again, NVLink lists included
         names = [d[0] for d in cur.description]
     return {name: [r[i] for r in rows] for i, name in enumerate(names)}
 

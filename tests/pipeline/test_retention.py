@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 
+import msgspec
 import pytest
 
 from fleetcare.collectors.contract import GpuSample, Incident
@@ -95,3 +96,18 @@ def test_dry_run_deletes_nothing_and_samples_older_than_the_cut_are_ignored(stor
     assert after == before
     with pytest.raises(ValueError, match="must be positive"):
         retention.apply(store, dt.timedelta(0))
+
+
+def test_per_link_rows_go_with_their_samples(store):
+    """A sample's NVLink lists kept whole (a counter not zero) are dropped with it."""
+    store.insert_sample_records([
+        msgspec.structs.replace(s, nvlink_up=[True, True], nvlink_crc_flit=[0, i],
+                                nvlink_crc_data=[0, 0], nvlink_replay=[0, 0],
+                                nvlink_recovery=[0, 0])
+        for i, s in enumerate(samples(0, 72), start=1)])
+    features.refresh(store)
+    res = retention.apply(store, DAY, now=at(72 * 60))
+    assert (res.deleted, raw_count(store)) == (144, 72)
+    cur = store.cursor()
+    assert cur.execute("SELECT count(*), min(ts) FROM telemetry_nvlink").fetchone() == (
+        72, at(48 * 60).replace(tzinfo=None))

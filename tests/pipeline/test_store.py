@@ -14,11 +14,12 @@ from tests.collectors.test_contract import sample
 def test_ddl_columns_come_from_the_contract(tmp_path: Path) -> None:
     store = Store(tmp_path / "f.duckdb")
     cols = [r[0] for r in store.cursor().execute("DESCRIBE telemetry").fetchall()]
-    assert cols == schema.SAMPLE_COLUMNS
+    assert cols == schema.STORED_SAMPLE_COLUMNS
+    assert [c for c in schema.SAMPLE_COLUMNS if c not in cols] == list(schema.NVLINK_LISTS)
     types = dict(store.cursor().execute("SELECT column_name, data_type FROM "
                                         "information_schema.columns WHERE table_name = 'telemetry'").fetchall())
-    assert types["nvlink_crc_flit"] == "BIGINT[]"
-    assert types["nvlink_up"] == "BOOLEAN[]"
+    assert types["nvlink_crc_flit_total"] == "BIGINT"
+    assert types["nvlink_down_mask"] == "BIGINT"
     assert types["ts"] == "TIMESTAMP"
     assert types["remapped_rows_pending"] == "BOOLEAN"
 

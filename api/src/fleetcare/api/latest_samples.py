@@ -36,7 +36,7 @@ import duckdb
 import pyarrow as pa
 
 from fleetcare.api import queries
-from fleetcare.pipeline.schema import SAMPLE_COLUMNS
+from fleetcare.pipeline.schema import SAMPLE_COLUMNS, contract_samples_sql
 
 Cursor = duckdb.DuckDBPyConnection
 WINDOW = dt.timedelta(minutes=15)
@@ -140,13 +140,13 @@ class LatestSamples:
     def _take(self, cur: Cursor, moved: list[tuple[str, dt.datetime]]) -> None:
         want = pa.table({"g": pa.array([g for g, _ in moved], pa.string()),
                          "t": pa.array([t for _, t in moved], pa.timestamp("us"))})
-        cols = ", ".join(f"s.{c}" for c in SAMPLE_COLUMNS)
         lo = min(t for _, t in moved)
         cur.register("_fc_moved", want)
-        try:
+        try:  # whole samples, NVLink lists rebuilt from how they are stored
             rows = cur.execute(
-                f"SELECT DISTINCT ON (s.gpu_uuid) {cols} FROM telemetry s JOIN _fc_moved w "
-                "ON s.gpu_uuid = w.g AND s.ts = w.t WHERE s.ts >= ?", [lo]).fetchall()
+                "SELECT DISTINCT ON (gpu_uuid) * FROM (" + contract_samples_sql(
+                    "t.ts >= ? AND EXISTS (SELECT 1 FROM _fc_moved w "
+                    "WHERE w.g = t.gpu_uuid AND w.t = t.ts)") + ")", [lo]).fetchall()
         finally:
             cur.unregister("_fc_moved")
         with self._data:

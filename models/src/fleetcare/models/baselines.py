@@ -147,8 +147,8 @@ def dcgm_sql(start: dt.datetime, end: dt.datetime, *, raw: str = "telemetry",
              nvlink_errors_per_min: float = NVLINK_ERRORS_PER_MIN) -> str:
     """The health watches as one query over raw samples (``raw``, a relation such as
     ``store.raw.relation``): (ts, node, reason) per firing."""
-    nvl = ("coalesce(list_sum(nvlink_crc_flit), 0) + coalesce(list_sum(nvlink_crc_data), 0) + "
-           "coalesce(list_sum(nvlink_replay), 0) + coalesce(list_sum(nvlink_recovery), 0)")
+    nvl = ("coalesce(nvlink_crc_flit_total, 0) + coalesce(nvlink_crc_data_total, 0) + "
+           "coalesce(nvlink_replay_total, 0) + coalesce(nvlink_recovery_total, 0)")
     lo = _naive(start - dt.timedelta(hours=1))
     return f"""
     WITH t AS (
@@ -159,7 +159,7 @@ def dcgm_sql(start: dt.datetime, end: dt.datetime, *, raw: str = "telemetry",
         greatest(pcie_replay_count - lag(pcie_replay_count) OVER w, 0) AS d_replay,
         greatest(({nvl}) - lag({nvl}) OVER w, 0) AS d_nvl,
         epoch(ts - lag(ts) OVER w) / 60.0 AS dt_min,
-        list_bool_or(list_transform(nvlink_up, lambda x: NOT x)) AS link_down,
+        nvlink_down_mask <> 0 AS link_down,
         clock_event_reasons AS reasons
       FROM {raw} WHERE ts >= TIMESTAMP '{lo}' AND ts < TIMESTAMP '{_naive(end)}'
       WINDOW w AS (PARTITION BY gpu_uuid ORDER BY ts)

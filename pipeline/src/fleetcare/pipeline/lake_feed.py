@@ -214,9 +214,10 @@ class LakeTelemetry:
         ).fetchall()]
         if not paths:
             return "(SELECT * FROM telemetry WHERE FALSE)"
-        return (f"(SELECT {SAMPLE_COLS} FROM read_parquet({_listing(paths)}, "
-                f"union_by_name = true) WHERE ts >= {sql_ts(lo)} AND ts <= {sql_ts(hi)} "
-                "QUALIFY row_number() OVER (PARTITION BY gpu_uuid, ts) = 1)")
+        files = (f"(SELECT {SAMPLE_COLS} FROM read_parquet({_listing(paths)}, "
+                 f"union_by_name = true) WHERE ts >= {sql_ts(lo)} AND ts <= {sql_ts(hi)} "
+                 "QUALIFY row_number() OVER (PARTITION BY gpu_uuid, ts) = 1)")
+        return f"({schema.stored_samples_sql(files)})"  # the lake keeps the lists
 
     def count_before(self, cur: Cursor, cutoff: dt.datetime | None) -> tuple[int, int]:
         before, total = cur.execute(

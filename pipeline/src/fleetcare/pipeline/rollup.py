@@ -59,6 +59,7 @@ import logging
 
 import duckdb
 
+from fleetcare.pipeline.schema import MASK_LINKS
 from fleetcare.pipeline.store import DIRTY_SINCE_KEY, Store
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,8 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
   n BIGINT, first_ts TIMESTAMP, last_ts TIMESTAMP,
   {", ".join(f"{c}_inc BIGINT, {c}_last BIGINT" for c in SCALAR_COUNTERS)},
   {", ".join(f"{c}_inc BIGINT, {c}_last BIGINT" for c in LINK_COUNTERS)},
-  nvlink_up_last BOOLEAN[], nvlink_flaps BIGINT, nvlink_down_last BIGINT, nvlink_links BIGINT,
+  nvlink_down_mask_last BIGINT, nvlink_up_links_last BIGINT,
+  nvlink_flaps BIGINT, nvlink_down_last BIGINT, nvlink_links BIGINT,
   {", ".join(f"{f}_last BOOLEAN" for f in FLAGS)},
   pcie_n BIGINT, pcie_width_down_n BIGINT, pcie_gen_down_n BIGINT,
   pcie_width_down_last BOOLEAN, pcie_gen_down_last BOOLEAN,
@@ -112,7 +114,7 @@ CREATE TABLE IF NOT EXISTS {TABLE} (
 _STATE_COLS = (
     [f"{c}_last" for c in SCALAR_COUNTERS]
     + [f"{c}_last" for c in LINK_COUNTERS]
-    + ["nvlink_up_last"]
+    + ["nvlink_down_mask_last", "nvlink_up_links_last"]
 )
 _BASE_STATE = ", ".join(f"arg_max({c}, hour) AS {c[:-5]}" for c in _STATE_COLS)
 """Each counter's newest non-null value over a GPU's hourly rows: its state for the next
@@ -120,7 +122,32 @@ sample's increase."""
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
+    if con.execute(f"SELECT count(*) FROM duckdb_columns() WHERE table_name = '{TABLE}' "
+                   "AND column_name = 'nvlink_up_last' AND schema_name = current_schema()"
+                   ).fetchall()[0][0]:
+        _convert_link_state(con)
     con.execute(DDL).fetchall()
+
+
+def _convert_link_state(con: duckdb.DuckDBPyConnection) -> None:
+    """Hourly rows of the layout before issue 15 §4 (each GPU's last NVLink up list):
+    the list becomes the mask of links down and the number of links, in one
+    transaction."""
+    mask = (f"CASE WHEN nvlink_up_last IS NULL THEN NULL ELSE coalesce(list_sum("
+            f"list_transform(range(least(len(nvlink_up_last), {MASK_LINKS})), lambda i: "
+            "CASE WHEN NOT nvlink_up_last[i + 1] THEN 1::BIGINT << i ELSE 0 END)), 0) END")
+    con.execute("BEGIN TRANSACTION")
+    try:
+        con.execute(f"ALTER TABLE {TABLE} RENAME TO {TABLE}_lists")
+        con.execute(DDL)
+        con.execute(f"INSERT INTO {TABLE} BY NAME SELECT * EXCLUDE (nvlink_up_last), "
+                    f"{mask} AS nvlink_down_mask_last, "
+                    f"len(nvlink_up_last) AS nvlink_up_links_last FROM {TABLE}_lists")
+        con.execute(f"DROP TABLE {TABLE}_lists")
+        con.execute("COMMIT")
+    except BaseException:
+        con.execute("ROLLBACK")
+        raise
 
 
 def _ts(value: dt.datetime) -> dt.datetime:
@@ -149,8 +176,9 @@ def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, base: str | None = N
     each hour those samples add (``merge_sql``).
     """
     raw_cols = ", ".join(
-        [c for c in SCALAR_COUNTERS] + [f"list_sum({c}) AS {c}" for c in LINK_COUNTERS]
-        + ["nvlink_up"])
+        [c for c in SCALAR_COUNTERS] + [f"{c}_total AS {c}" for c in LINK_COUNTERS]
+        + ["nvlink_down_mask",
+           "CASE WHEN nvlink_present & 1 = 1 THEN nvlink_links END AS nvlink_up_links"])
     prevs = ",\n      ".join(
         f"lag({c[:-5]} IGNORE NULLS) OVER w AS {c[:-5]}_prev" for c in _STATE_COLS
     )
@@ -160,9 +188,11 @@ def rollup_sql(lo: str, hi: str, raw: str = "telemetry", *, base: str | None = N
         + [f"sum({_inc(c, c + '_prev')}) AS {c}_inc, arg_max({c}, ts) AS {c}_last"
            for c in LINK_COUNTERS]
     )
-    flaps = ("CASE WHEN nvlink_up IS NULL THEN NULL WHEN nvlink_up_prev IS NULL THEN 0 ELSE "
-             "list_count(list_filter(list_zip(nvlink_up_prev, nvlink_up), "
-             "lambda x: x[1] AND NOT x[2])) END")
+    # links up at the previous sample and down at this one, of the links both have
+    flaps = ("CASE WHEN nvlink_down_mask IS NULL THEN NULL "
+             "WHEN nvlink_down_mask_prev IS NULL THEN 0 ELSE "
+             "bit_count(nvlink_down_mask & ~nvlink_down_mask_prev & ((1::BIGINT << least("
+             f"nvlink_up_links, nvlink_up_links_prev, {MASK_LINKS})) - 1)) END")
     flags = ", ".join(f"arg_max({f}, ts) AS {f}_last" for f in FLAGS)
     base_sql = f"SELECT *, TRUE AS is_base FROM {base}" if base else f"""
   SELECT gpu_uuid, max(last_ts) AS ts, {_BASE_STATE}, TRUE AS is_base
@@ -198,10 +228,11 @@ SELECT date_trunc('hour', ts) AS hour, gpu_uuid,
   arg_max(pci_bus_id, ts) AS pci_bus_id, arg_max(model, ts) AS model,
   count(*) AS n, min(ts) AS first_ts, max(ts) AS last_ts,
   {incs},
-  arg_max(nvlink_up, ts) AS nvlink_up_last,
+  arg_max(nvlink_down_mask, ts) AS nvlink_down_mask_last,
+  arg_max(nvlink_up_links, ts) AS nvlink_up_links_last,
   sum({flaps}) AS nvlink_flaps,
-  arg_max(list_count(list_filter(nvlink_up, lambda x: NOT x)), ts) AS nvlink_down_last,
-  arg_max(len(nvlink_up), ts) AS nvlink_links,
+  arg_max(bit_count(nvlink_down_mask), ts) AS nvlink_down_last,
+  arg_max(nvlink_up_links, ts) AS nvlink_links,
   {flags},
   count(width_down) AS pcie_n, count_if(width_down) AS pcie_width_down_n,
   count_if(gen_down) AS pcie_gen_down_n,

@@ -77,9 +77,80 @@ EVENT_KEY = ("node", "ts", "gpu_uuid", "pci_bus_id", "xid", "message")
 INCIDENT_KEY = ("node", "ts", "kind", "gpu_uuid", "cause")
 NIC_KEY = ("node", "device", "port", "ts")
 
+# -- how GPU samples are stored in DuckDB ------------------------------------------------------
+NVLINK_LISTS = ("nvlink_up", "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay",
+                "nvlink_recovery")
+NVLINK_COUNTERS = NVLINK_LISTS[1:]
+MASK_LINKS = 62
+"""Links ``nvlink_down_mask`` holds (bits of a BIGINT); NVML has at most 18."""
+SCALAR_SAMPLE_COLUMNS = [c for c in SAMPLE_COLUMNS if c not in NVLINK_LISTS]
+LINK_SUMMARY = (("nvlink_present", "BIGINT"), ("nvlink_links", "BIGINT"),
+                ("nvlink_down_mask", "BIGINT"),
+                *((f"{c}_total", "BIGINT") for c in NVLINK_COUNTERS))
+STORED_SAMPLE_COLUMNS = SCALAR_SAMPLE_COLUMNS + [name for name, _ in LINK_SUMMARY]
+"""The ``telemetry`` table's columns (see ``stored_samples_sql``), and those of every raw
+sample relation (``fleetcare.pipeline.telemetry``)."""
+
+
+def _present(c: str) -> str:
+    return f"CASE WHEN {c} IS NULL THEN 0 ELSE {1 << NVLINK_LISTS.index(c)} END"
+
+
+_LINK_SUMMARY_SQL = {
+    "nvlink_present": " | ".join(_present(c) for c in NVLINK_LISTS),
+    "nvlink_links": f"coalesce({', '.join(f'len({c})' for c in NVLINK_LISTS)})",
+    "nvlink_down_mask": (
+        f"CASE WHEN nvlink_up IS NULL THEN NULL ELSE coalesce(list_sum(list_transform("
+        f"range(least(len(nvlink_up), {MASK_LINKS})), lambda i: CASE WHEN NOT nvlink_up[i + 1] "
+        "THEN 1::BIGINT << i ELSE 0 END)), 0) END"),
+    # summed as HUGEINT: 18 links of counters near 2**63 overflow BIGINT, and such a
+    # total is null (no usable count; the exact values are in ``telemetry_nvlink``, as
+    # for any counter not zero)
+    **{f"{c}_total": f"TRY_CAST(list_sum({c}::HUGEINT[]) AS BIGINT)"
+       for c in NVLINK_COUNTERS},
+}
+IRREGULAR_SQL = " OR ".join(  # (null for a null list: then not irregular on its account)
+    ["NOT list_bool_and(nvlink_up)", "list_count(nvlink_up) <> len(nvlink_up)"]
+    + [f"list_min({c}) <> 0 OR list_max({c}) <> 0 OR list_count({c}) <> len({c})"
+       for c in NVLINK_COUNTERS]
+    + [f"greatest({', '.join(f'len({c})' for c in NVLINK_LISTS)}) <> "
+       f"least({', '.join(f'len({c})' for c in NVLINK_LISTS)})",
+       f"len(nvlink_up) > {MASK_LINKS}"])
+"""A sample whose NVLink lists are kept whole in ``telemetry_nvlink``: a link down or a
+counter not zero (or a null entry), lists of different lengths, more links than the mask."""
+
+
+def stored_samples_sql(src: str) -> str:
+    """SELECT of ``src`` (a relation with the contract's columns) as stored: the scalar
+    columns, then per sample the NVLink lists summarised (which lists are present, the
+    number of links, a bit per link down, each counter's total over the links)."""
+    summary = ", ".join(f"{_LINK_SUMMARY_SQL[name]} AS {name}" for name, _ in LINK_SUMMARY)
+    return f"SELECT {', '.join(SCALAR_SAMPLE_COLUMNS)}, {summary} FROM {src}"
+
+
+def contract_samples_sql(where: str = "TRUE") -> str:
+    """SELECT of stored samples (``telemetry t`` with ``where``) with the contract's
+    columns again: the lists of ``telemetry_nvlink`` where it has them, else all links
+    up and every counter 0 (what a regular sample had), null for a list not sent."""
+    def rebuilt(c: str) -> str:
+        fill = "true" if c == "nvlink_up" else "0::BIGINT"
+        return (f"CASE WHEN d.gpu_uuid IS NOT NULL THEN d.{c} "
+                f"WHEN t.nvlink_present & {1 << NVLINK_LISTS.index(c)} = 0 THEN NULL "
+                f"ELSE list_transform(range(t.nvlink_links), lambda i: {fill}) END AS {c}")
+    cols = [rebuilt(c) if c in NVLINK_LISTS else f"t.{c}" for c in SAMPLE_COLUMNS]
+    return (f"SELECT {', '.join(cols)} FROM telemetry t LEFT JOIN telemetry_nvlink d "
+            f"ON d.gpu_uuid = t.gpu_uuid AND d.ts = t.ts WHERE {where}")
+
+
+_SAMPLE_TYPES = {name: sql for name, sql, _ in column_types(GpuSample)}
 DDL = f"""
 CREATE TABLE IF NOT EXISTS telemetry (
-  {columns_ddl(GpuSample)}
+  {", ".join(f"{c} {_SAMPLE_TYPES[c]}" for c in SCALAR_SAMPLE_COLUMNS)},
+  {", ".join(f"{name} {sql}" for name, sql in LINK_SUMMARY)}
+);
+CREATE TABLE IF NOT EXISTS telemetry_nvlink (
+  gpu_uuid VARCHAR NOT NULL, ts TIMESTAMP NOT NULL,
+  {", ".join(f"{c} {_SAMPLE_TYPES[c]}" for c in NVLINK_LISTS)}
 );
 CREATE TABLE IF NOT EXISTS xid_events (
   {columns_ddl(XidEvent)}

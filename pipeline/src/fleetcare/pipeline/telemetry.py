@@ -10,8 +10,11 @@ Raw samples have two homes, one per production shape, behind one seam (``RawTele
 
 Everything that reads raw samples (rollups, on-the-fly features, the DCGM baseline,
 retention, the API's newest sample per GPU) asks ``store.raw``; nothing else names the
-``telemetry`` table. A relation is SQL text usable after ``FROM``: the contract's columns
-(``schema.SAMPLE_COLUMNS``), one row per natural key, ``lo <= ts <= hi``.
+``telemetry`` table. A relation is SQL text usable after ``FROM``: the samples as the
+``telemetry`` table stores them (``schema.STORED_SAMPLE_COLUMNS``: the contract's scalar
+columns, and per sample the NVLink lists summarised: which lists were sent, the number
+of links, a bit per link down, each counter's total over the links), one row per natural
+key, ``lo <= ts <= hi``. Whole samples, lists included, come from ``latest_samples``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Protocol
 
 import duckdb
 
-from fleetcare.pipeline.schema import SAMPLE_COLUMNS
+from fleetcare.pipeline.schema import SAMPLE_COLUMNS, contract_samples_sql
 
 Cursor = duckdb.DuckDBPyConnection
 
@@ -100,6 +103,7 @@ class TableTelemetry:
         return int(n), int(total)
 
     def delete_before(self, cur: Cursor, cutoff: dt.datetime) -> int:
+        cur.execute("DELETE FROM telemetry_nvlink WHERE ts < ?", [cutoff]).fetchall()
         return int(cur.execute("DELETE FROM telemetry WHERE ts < ?", [cutoff]).fetchall()[0][0])
 
     def latest_samples(self, cur: Cursor, *, node: str | None = None,
@@ -116,11 +120,11 @@ class TableTelemetry:
             return []
         stamps = sorted({ts for _, ts in newest})
         want = set(newest)
-        cols = ", ".join(SAMPLE_COLUMNS)
+        t_where, _ = gpu_filter(node, gpu_uuid, alias="t.")
         found = cur.execute(
-            f"SELECT {cols} FROM telemetry WHERE {where} AND ts >= {sql_ts(stamps[0])} "
-            "AND list_contains(?, ts) ORDER BY gpu_index, gpu_uuid",
-            params + [stamps]).fetchall()
+            contract_samples_sql(f"{t_where} AND t.ts >= {sql_ts(stamps[0])} "
+                                 "AND list_contains(?, t.ts)")
+            + " ORDER BY t.gpu_index, t.gpu_uuid", params + [stamps]).fetchall()
         uuid_at, ts_at = SAMPLE_COLUMNS.index("gpu_uuid"), SAMPLE_COLUMNS.index("ts")
         rows, seen = [], set()
         for r in found:
