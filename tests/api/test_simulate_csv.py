@@ -91,3 +91,15 @@ def test_trace_repeats_flag_draws_the_opt_in_process(tmp_path: Path) -> None:
     got = parse_csv(b.read_text())
     assert [(g.ts, g.node, g.kind) for g in got] == [(w.ts, w.node, w.kind) for w in want]
     assert a.read_text() != b.read_text()
+
+
+def test_trace_repairs_flag_draws_the_trace_repair_times(tmp_path: Path) -> None:
+    from fleetcare.collectors.sim.incidents import TRACE_FAULTS
+
+    out_csv = tmp_path / "f.csv"
+    out = run("simulate", "--nodes", "50", "--days", "90", "--seed", "2", "--incidents-only",
+              "--trace-repairs", "--incidents-csv", str(out_csv))
+    assert out.returncode == 0, out.stderr
+    want = plan_incidents(simulate_incidents(FleetSpec(nodes=50, seed=2, **TRACE_FAULTS), 90))
+    got = parse_csv(out_csv.read_text())
+    assert [(g.ts, g.node, g.kind) for g in got] == [(w.ts, w.node, w.kind) for w in want]

@@ -160,3 +160,34 @@ def test_repeats_are_opt_in_and_checked():
     assert np.array_equal(a.time_h, b.time_h) and np.array_equal(a.cause, b.cause)
     with pytest.raises(ValueError, match="repeat_branching must be in"):
         FleetSpec(nodes=4, repeat_branching=1.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_trace_faults_keep_table5_totals_with_the_trace_repair_times(seed):
+    """Repairs as long as the real trace's (median 35 h, p90 ~530 h) leave nodes fewer
+    days to fail in; the uptime rate is raised so Table 5's totals still hold."""
+    from fleetcare.collectors.sim.incidents import TRACE_FAULTS
+
+    plan = simulate_incidents(FleetSpec(nodes=2048, seed=seed, **TRACE_FAULTS), days=54)
+    total = summarize(plan)["incidents"]["total"]
+    assert 419 * 0.85 <= total <= 419 * 1.15
+    default = simulate_incidents(FleetSpec(nodes=2048, seed=seed), days=54)
+    assert np.median(plan.repair_h) > 2 * np.median(default.repair_h)
+    assert np.quantile(plan.repair_h, 0.9) > 5 * np.quantile(default.repair_h, 0.9)
+
+
+def test_repair_knobs_are_opt_in_and_checked():
+    from fleetcare.collectors.sim.incidents import CAUSE_NAMES, _downtime_factor
+
+    counts = np.array([CAUSES[c][0] for c in CAUSE_NAMES], dtype=float)
+    rate = np.array([0.004, 0.05])  # failures per node-day: a node, a lemon
+    default = _downtime_factor(FleetSpec(nodes=4), counts, rate, 54)
+    assert (default == 1.0).all()  # the default knobs' draws are unchanged
+    longer = _downtime_factor(FleetSpec(nodes=4, repair_scale=3.0, repair_sigma=2.0),
+                              counts, rate, 54)
+    assert 1.0 < longer[0] < longer[1]  # a lemon, down more often, more so
+    with pytest.raises(ValueError, match="repair_scale must be > 0"):
+        FleetSpec(nodes=4, repair_scale=0)
+    with pytest.raises(ValueError, match="repairs would keep nodes down"):
+        simulate_incidents(FleetSpec(nodes=4, failure_scale=50, repair_scale=50.0,
+                                     repair_sigma=3.0), 30)

@@ -27,6 +27,11 @@ class FleetSpec:
     brings on average ``repeat_branching`` follow-on failures of the same node, at an
     exponential time (mean ``repeat_decay_days``) of uptime after its repair: the fleet
     fails again where it failed before, as the real trace does (``incidents.py``).
+
+    ``repair_scale`` / ``repair_sigma``: a repair takes its cause's median hours
+    (``incidents.REPAIR``) times ``repair_scale``, spread lognormally with
+    ``repair_sigma``; the defaults (1, 0.8) are the simulator's own guess, and
+    ``incidents.TRACE_REPAIRS`` is fit on the real trace.
     """
 
     nodes: int
@@ -38,6 +43,8 @@ class FleetSpec:
     lemon_fraction: float = 0.012
     repeat_branching: float = 0.0
     repeat_decay_days: float = 7.0
+    repair_scale: float = 1.0
+    repair_sigma: float = 0.8
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -56,6 +63,9 @@ class FleetSpec:
             raise ValueError("FleetSpec.repeat_branching must be in [0, 1) and "
                              "repeat_decay_days > 0, got "
                              f"{self.repeat_branching}, {self.repeat_decay_days}")
+        if self.repair_scale <= 0 or self.repair_sigma < 0:
+            raise ValueError("FleetSpec.repair_scale must be > 0 and repair_sigma >= 0, got "
+                             f"{self.repair_scale}, {self.repair_sigma}")
         parse_model_mix(self.model)  # validate early
 
     @property

@@ -5,7 +5,9 @@ Rates come from Llama 3's Table 5 (``contract.CAUSES``): cause ``c`` fails a nod
 (``lemon_fraction``) have ``LEMON_HAZARD`` times the hazard and the base rate is scaled
 down so the fleet total stays calibrated; on a lemon most GPU failures hit the same GPU,
 so it fails again after repair. Failures arrive as a Poisson process in *uptime*: while
-a node is down for repair (lognormal hours per cause) it cannot fail again.
+a node is down for repair (lognormal hours per cause) it cannot fail again; repair
+knobs longer than the default (``FleetSpec.repair_scale`` / ``repair_sigma``,
+``TRACE_REPAIRS``) raise the uptime rate so failures per calendar node-day stay put.
 
 Opt-in repeats (``FleetSpec.repeat_branching`` b > 0, a Hawkes cluster process): every
 failure begets Poisson(b) follow-on failures of its node, each an exponential
@@ -23,6 +25,7 @@ a precursor lead time (lognormal hours) and a terminal XID. A few healthy GPUs g
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,6 +44,13 @@ TRACE_REPEATS = {"repeat_branching": 0.3, "repeat_decay_days": 4.0}
 """FleetSpec knobs fit on the real InfiniteHBD trace's first 60 % (``bench/bench_repeats.py
 --fit``; its README paragraph has the numbers matched and missed): opt in with
 ``FleetSpec(..., **TRACE_REPEATS)``."""
+TRACE_REPAIRS = {"repair_scale": 3.0, "repair_sigma": 2.0}
+"""FleetSpec knobs for repair times fit on the same part of the trace (median 35 h, 90th
+percentile 528 h there; ``bench/bench_repeats.py --fit``)."""
+TRACE_FAULTS = {"repeat_branching": 0.35, "repeat_decay_days": 1.0, **TRACE_REPAIRS}
+"""The trace's repeats and repair times together: ``TRACE_REPAIRS`` with the repeat knobs
+fit again with them on (long repairs push follow-on failures later, which the first fit
+did not see). Opt in with ``FleetSpec(..., **TRACE_FAULTS)``."""
 DECOYS_PER_GPU_DAY = 150 / (16384 * 54)  # about 0.6 decoys per GPU failure with precursors
 
 # cause -> (median repair hours, GPU replaced)
@@ -131,6 +141,44 @@ def _pick(rng: np.random.Generator, table: tuple[tuple[int, float], ...] | tuple
     return [values[i] for i in idx]
 
 
+def _mean_repair_days(counts: np.ndarray, scale: float, sigma: float, days: float) -> float:
+    """Mean days of a ``days``-long window a repair takes, over Table 5's cause mix:
+    E[min(R, D)] with R lognormal (the cause's median x ``scale``, ``sigma``)."""
+    big_d = days * 24.0
+    out = 0.0
+    for c, w in zip(CAUSE_NAMES, counts / counts.sum(), strict=True):
+        m = REPAIR[c][0] * scale
+        if sigma == 0:
+            out += w * min(m, big_d)
+            continue
+        z = math.log(big_d / m) / sigma
+        below = m * math.exp(sigma ** 2 / 2) * _phi(z - sigma)  # E[R; R < D]
+        out += w * (below + big_d * (1 - _phi(z)))
+    return out / 24.0
+
+
+def _phi(x: float) -> float:
+    return 0.5 * (1 + math.erf(x / math.sqrt(2)))
+
+
+def _downtime_factor(spec: FleetSpec, counts: np.ndarray, rate: np.ndarray,
+                     days: float) -> np.ndarray:
+    """How much faster each node (failing ``rate`` per calendar day) must fail per day of
+    uptime so that, with ``spec``'s repair times, its failures per calendar day stay what
+    the default repairs give (failures come in uptime: longer repairs leave fewer days to
+    fail in; a lemon, down often, most of all). Exactly 1 for the default repair knobs,
+    so their draws are unchanged."""
+    base = 1 - rate * _mean_repair_days(counts, FleetSpec.repair_scale, FleetSpec.repair_sigma,
+                                        days)
+    mine = 1 - rate * _mean_repair_days(counts, spec.repair_scale, spec.repair_sigma, days)
+    if mine.min() <= 0.05:
+        raise ValueError(f"FleetSpec repair_scale={spec.repair_scale}, repair_sigma="
+                         f"{spec.repair_sigma}: repairs would keep nodes down "
+                         f"{1 - mine.min():.0%} of the time at this failure rate; use "
+                         "shorter ones")
+    return base / mine
+
+
 def simulate_incidents(spec: FleetSpec, days: float) -> IncidentPlan:
     """Draw the failures, repairs and decoys of ``spec`` over ``days`` days."""
     if days <= 0:
@@ -145,6 +193,7 @@ def simulate_incidents(spec: FleetSpec, days: float) -> IncidentPlan:
     mult = np.where(lemon, LEMON_HAZARD, 1.0)
     norm = (1 - spec.lemon_fraction) + spec.lemon_fraction * LEMON_HAZARD
     total_rate = counts.sum() / REFERENCE_NODE_DAYS * spec.failure_scale / norm  # per node-day
+    mult = mult * _downtime_factor(spec, counts, total_rate * mult, days)
     b = spec.repeat_branching
     k = rng.poisson(total_rate * (1 - b) * mult * days)
     node = np.repeat(np.arange(n, dtype=np.int32), k)
@@ -156,7 +205,7 @@ def simulate_incidents(spec: FleetSpec, days: float) -> IncidentPlan:
     cause = rng.choice(len(CAUSE_NAMES), size=m, p=counts / counts.sum()).astype(np.int16)
     cause_names = [CAUSE_NAMES[c] for c in cause]
     med = np.array([REPAIR[c][0] for c in cause_names])
-    repair_h = med * np.exp(0.8 * rng.standard_normal(m))
+    repair_h = med * spec.repair_scale * np.exp(spec.repair_sigma * rng.standard_normal(m))
     # uptime clock -> wall clock: add the repairs of the same node's earlier failures
     order = np.lexsort((uptime_h, node))
     node, uptime_h, cause, repair_h = node[order], uptime_h[order], cause[order], repair_h[order]
