@@ -37,6 +37,7 @@ import pyarrow as pa
 
 from fleetcare.api import queries
 from fleetcare.pipeline.schema import SAMPLE_COLUMNS, contract_samples_sql
+from fleetcare.pipeline.telemetry import sql_ts
 
 Cursor = duckdb.DuckDBPyConnection
 WINDOW = dt.timedelta(minutes=15)
@@ -145,8 +146,8 @@ class LatestSamples:
         try:  # whole samples, NVLink lists rebuilt from how they are stored
             rows = cur.execute(
                 "SELECT DISTINCT ON (gpu_uuid) * FROM (" + contract_samples_sql(
-                    "t.ts >= ? AND EXISTS (SELECT 1 FROM _fc_moved w "
-                    "WHERE w.g = t.gpu_uuid AND w.t = t.ts)") + ")", [lo]).fetchall()
+                    "EXISTS (SELECT 1 FROM _fc_moved w WHERE w.g = t.gpu_uuid "
+                    "AND w.t = t.ts)", since=sql_ts(lo)) + ")").fetchall()
         finally:
             cur.unregister("_fc_moved")
         with self._data:

@@ -128,18 +128,23 @@ def stored_samples_sql(src: str) -> str:
     return f"SELECT {', '.join(SCALAR_SAMPLE_COLUMNS)}, {summary} FROM {src}"
 
 
-def contract_samples_sql(where: str = "TRUE") -> str:
+def contract_samples_sql(where: str = "TRUE", since: str | None = None) -> str:
     """SELECT of stored samples (``telemetry t`` with ``where``) with the contract's
     columns again: the lists of ``telemetry_nvlink`` where it has them, else all links
-    up and every counter 0 (what a regular sample had), null for a list not sent."""
+    up and every counter 0 (what a regular sample had), null for a list not sent.
+    ``since``: a SQL timestamp no wanted sample is older than, so the per-link rows are
+    read from there on (zone maps skip the rest) rather than all of them."""
     def rebuilt(c: str) -> str:
         fill = "true" if c == "nvlink_up" else "0::BIGINT"
         return (f"CASE WHEN d.gpu_uuid IS NOT NULL THEN d.{c} "
                 f"WHEN t.nvlink_present & {1 << NVLINK_LISTS.index(c)} = 0 THEN NULL "
                 f"ELSE list_transform(range(t.nvlink_links), lambda i: {fill}) END AS {c}")
     cols = [rebuilt(c) if c in NVLINK_LISTS else f"t.{c}" for c in SAMPLE_COLUMNS]
-    return (f"SELECT {', '.join(cols)} FROM telemetry t LEFT JOIN telemetry_nvlink d "
-            f"ON d.gpu_uuid = t.gpu_uuid AND d.ts = t.ts WHERE {where}")
+    details = ("telemetry_nvlink" if since is None
+               else f"(SELECT * FROM telemetry_nvlink WHERE ts >= {since})")
+    return (f"SELECT {', '.join(cols)} FROM telemetry t LEFT JOIN {details} d "
+            f"ON d.gpu_uuid = t.gpu_uuid AND d.ts = t.ts WHERE {where}"
+            + ("" if since is None else f" AND t.ts >= {since}"))
 
 
 _SAMPLE_TYPES = {name: sql for name, sql, _ in column_types(GpuSample)}

@@ -122,8 +122,8 @@ class TableTelemetry:
         want = set(newest)
         t_where, _ = gpu_filter(node, gpu_uuid, alias="t.")
         found = cur.execute(
-            contract_samples_sql(f"{t_where} AND t.ts >= {sql_ts(stamps[0])} "
-                                 "AND list_contains(?, t.ts)")
+            contract_samples_sql(f"{t_where} AND list_contains(?, t.ts)",
+                                 since=sql_ts(stamps[0]))
             + " ORDER BY t.gpu_index, t.gpu_uuid", params + [stamps]).fetchall()
         uuid_at, ts_at = SAMPLE_COLUMNS.index("gpu_uuid"), SAMPLE_COLUMNS.index("ts")
         rows, seen = [], set()
