@@ -168,14 +168,17 @@ def _downtime_factor(spec: FleetSpec, counts: np.ndarray, rate: np.ndarray,
     the default repairs give (failures come in uptime: longer repairs leave fewer days to
     fail in; a lemon, down often, most of all). Exactly 1 for the default repair knobs,
     so their draws are unchanged."""
+    if (spec.repair_scale, spec.repair_sigma) == (FleetSpec.repair_scale,
+                                                  FleetSpec.repair_sigma):
+        return np.ones_like(rate)
     base = 1 - rate * _mean_repair_days(counts, FleetSpec.repair_scale, FleetSpec.repair_sigma,
                                         days)
     mine = 1 - rate * _mean_repair_days(counts, spec.repair_scale, spec.repair_sigma, days)
     if mine.min() <= 0.05:
         raise ValueError(f"FleetSpec repair_scale={spec.repair_scale}, repair_sigma="
                          f"{spec.repair_sigma}: repairs would keep nodes down "
-                         f"{1 - mine.min():.0%} of the time at this failure rate; use "
-                         "shorter ones")
+                         f"{1 - mine.min():.0%} of the time at failure_scale="
+                         f"{spec.failure_scale}; use shorter repairs or a lower scale")
     return base / mine
 
 
