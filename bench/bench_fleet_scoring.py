@@ -123,7 +123,7 @@ def _rollup_ceiling(store: Store, after: dt.datetime) -> float:
     store.cursor().execute(
         "SELECT gpu_uuid, count(*), min(ts), max(ts), sum(gpu_temp_c), "
         "max(gpu_temp_c), sum(power_w), sum(util_gpu_pct), arg_max(ecc_corrected_volatile, ts), "
-        "arg_max(pcie_replay_count, ts), arg_max(list_sum(nvlink_crc_flit), ts) "
+        "arg_max(pcie_replay_count, ts), arg_max(nvlink_crc_flit_total, ts) "
         "FROM telemetry WHERE ts > ? GROUP BY gpu_uuid", [after]).fetchall()
     return time.perf_counter() - t0
 
