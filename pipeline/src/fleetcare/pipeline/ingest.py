@@ -135,8 +135,6 @@ class Ingestor:
         if not checked.kept:
             return 0, 0, 0
         try:
-            if checked.sample_table is None:
-                return self.store.insert_batches(checked.batches)
             return self.store.insert_batches(checked.batches, sample_table=checked.sample_table)
         except DATA_ERRORS as exc:
             log.warning("ingest.insert_refused batches=%d error=%s: inserting them one by one",

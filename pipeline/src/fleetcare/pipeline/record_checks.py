@@ -39,7 +39,7 @@ from fleetcare.collectors.contract import (
     nic_counter_max,
 )
 from fleetcare.pipeline.limits import OPERATOR_CAUSES, Limits
-from fleetcare.pipeline.schema import column_types
+from fleetcare.pipeline.schema import NVLINK_LISTS, column_types
 
 Problem = tuple[str, str]
 """(code, message); the message names the field, the value and what is allowed."""
@@ -66,8 +66,6 @@ RANGED: tuple[tuple[str, str, str, str], ...] = (
 COUNTERS = ("ecc_corrected_volatile", "ecc_uncorrected_volatile", "ecc_corrected_aggregate",
              "ecc_uncorrected_aggregate", "retired_pages_sbe", "retired_pages_dbe",
              "remapped_rows_correctable", "remapped_rows_uncorrectable", "pcie_replay_count")
-NVLINK_LISTS = ("nvlink_up", "nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay",
-                 "nvlink_recovery")
 
 
 def clip(text: str, limit: int = 200) -> str:

@@ -59,8 +59,8 @@ import logging
 
 import duckdb
 
-from fleetcare.pipeline.schema import MASK_LINKS
-from fleetcare.pipeline.store import DIRTY_SINCE_KEY, Store
+from fleetcare.pipeline.schema import MASK_LINKS, NVLINK_COUNTERS, down_mask_sql
+from fleetcare.pipeline.store import DIRTY_SINCE_KEY, Store, has_column, replace_table
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +82,7 @@ SCALAR_COUNTERS = (
     "remapped_rows_correctable", "remapped_rows_uncorrectable",
     "pcie_replay_count",
 )
-LINK_COUNTERS = ("nvlink_crc_flit", "nvlink_crc_data", "nvlink_replay", "nvlink_recovery")
+LINK_COUNTERS = NVLINK_COUNTERS
 FLAGS = ("remapped_rows_pending", "remapped_rows_failure", "retired_pages_pending")
 
 # nvmlClocksEventReason* bits
@@ -122,32 +122,14 @@ sample's increase."""
 
 
 def ensure_tables(con: duckdb.DuckDBPyConnection) -> None:
-    if con.execute(f"SELECT count(*) FROM duckdb_columns() WHERE table_name = '{TABLE}' "
-                   "AND column_name = 'nvlink_up_last' AND schema_name = current_schema()"
-                   ).fetchall()[0][0]:
-        _convert_link_state(con)
+    if has_column(con, TABLE, "nvlink_up_last"):
+        # hourly rows of the layout before issue 15 §4 (each GPU's last NVLink up list):
+        # the list becomes the mask of links down and the number of links
+        replace_table(con, TABLE, DDL, lambda old: [
+            f"INSERT INTO {TABLE} BY NAME SELECT * EXCLUDE (nvlink_up_last), "
+            f"{down_mask_sql('nvlink_up_last')} AS nvlink_down_mask_last, "
+            f"len(nvlink_up_last) AS nvlink_up_links_last FROM {old}"])
     con.execute(DDL).fetchall()
-
-
-def _convert_link_state(con: duckdb.DuckDBPyConnection) -> None:
-    """Hourly rows of the layout before issue 15 §4 (each GPU's last NVLink up list):
-    the list becomes the mask of links down and the number of links, in one
-    transaction."""
-    mask = (f"CASE WHEN nvlink_up_last IS NULL THEN NULL ELSE coalesce(list_sum("
-            f"list_transform(range(least(len(nvlink_up_last), {MASK_LINKS})), lambda i: "
-            "CASE WHEN NOT nvlink_up_last[i + 1] THEN 1::BIGINT << i ELSE 0 END)), 0) END")
-    con.execute("BEGIN TRANSACTION")
-    try:
-        con.execute(f"ALTER TABLE {TABLE} RENAME TO {TABLE}_lists")
-        con.execute(DDL)
-        con.execute(f"INSERT INTO {TABLE} BY NAME SELECT * EXCLUDE (nvlink_up_last), "
-                    f"{mask} AS nvlink_down_mask_last, "
-                    f"len(nvlink_up_last) AS nvlink_up_links_last FROM {TABLE}_lists")
-        con.execute(f"DROP TABLE {TABLE}_lists")
-        con.execute("COMMIT")
-    except BaseException:
-        con.execute("ROLLBACK")
-        raise
 
 
 def _ts(value: dt.datetime) -> dt.datetime:

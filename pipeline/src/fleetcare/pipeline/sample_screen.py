@@ -42,8 +42,9 @@ import pyarrow.compute as pc
 
 from fleetcare.collectors.contract import DCGM_FP64_BLANK, DCGM_INT64_BLANK, GpuSample
 from fleetcare.pipeline.limits import Limits
-from fleetcare.pipeline.record_checks import COUNTERS, NVLINK_LISTS, RANGED, SHAPES, TEXT_FIELDS
-from fleetcare.pipeline.schema import SAMPLE_SCHEMA
+from fleetcare.pipeline.record_checks import COUNTERS, RANGED, SHAPES, TEXT_FIELDS
+from fleetcare.pipeline.schema import NVLINK_LISTS, SAMPLE_SCHEMA
+from fleetcare.pipeline.store import grid_list_array
 
 Column = Sequence[Any]
 _SHAPE = SHAPES["samples"]
@@ -91,9 +92,7 @@ def _list_array(col: Column, typ: pa.DataType) -> tuple[pa.Array, np.ndarray | N
         grid = None
     if grid is None or grid.ndim != 2:
         return pa.array(col, type=typ), None
-    n, width = grid.shape
-    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * np.int32(width))
-    return pa.ListArray.from_arrays(offsets, pa.array(grid.reshape(-1))), grid
+    return grid_list_array(grid, typ.value_type), grid
 
 
 class SampleScreen:

@@ -92,6 +92,14 @@ STORED_SAMPLE_COLUMNS = SCALAR_SAMPLE_COLUMNS + [name for name, _ in LINK_SUMMAR
 sample relation (``fleetcare.pipeline.telemetry``)."""
 
 
+def down_mask_sql(up: str) -> str:
+    """SQL of a BIGINT with bit ``i`` set when entry ``i`` of the BOOLEAN[] ``up`` is false
+    (links past ``MASK_LINKS`` left out); null when ``up`` is."""
+    return (f"CASE WHEN {up} IS NULL THEN NULL ELSE coalesce(list_sum(list_transform("
+            f"range(least(len({up}), {MASK_LINKS})), lambda i: CASE WHEN NOT {up}[i + 1] "
+            "THEN 1::BIGINT << i ELSE 0 END)), 0) END")
+
+
 def _present(c: str) -> str:
     return f"CASE WHEN {c} IS NULL THEN 0 ELSE {1 << NVLINK_LISTS.index(c)} END"
 
@@ -99,10 +107,7 @@ def _present(c: str) -> str:
 _LINK_SUMMARY_SQL = {
     "nvlink_present": " | ".join(_present(c) for c in NVLINK_LISTS),
     "nvlink_links": f"coalesce({', '.join(f'len({c})' for c in NVLINK_LISTS)})",
-    "nvlink_down_mask": (
-        f"CASE WHEN nvlink_up IS NULL THEN NULL ELSE coalesce(list_sum(list_transform("
-        f"range(least(len(nvlink_up), {MASK_LINKS})), lambda i: CASE WHEN NOT nvlink_up[i + 1] "
-        "THEN 1::BIGINT << i ELSE 0 END)), 0) END"),
+    "nvlink_down_mask": down_mask_sql("nvlink_up"),
     # summed as HUGEINT: 18 links of counters near 2**63 overflow BIGINT, and such a
     # total is null (no usable count; the exact values are in ``telemetry_nvlink``, as
     # for any counter not zero)

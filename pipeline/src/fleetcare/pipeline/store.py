@@ -133,6 +133,14 @@ def flatten_nics(batches: Iterable[Batch]) -> list[NicSample]:
     return [n for b in batches for n in b.nics]
 
 
+def grid_list_array(grid: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
+    """A 2-D array (one row per sample, one column per link) as an Arrow list column, the
+    values taken as they are (no Python object per entry)."""
+    n, width = grid.shape
+    offsets = pa.array(np.arange(n + 1, dtype=np.int32) * np.int32(width))
+    return pa.ListArray.from_arrays(offsets, pa.array(grid.reshape(-1), type=value_type))
+
+
 def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.Table:
     """Columnar numpy data (the simulator's history chunks) → Arrow, fast path.
 
@@ -145,11 +153,7 @@ def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.
         if values is None:
             arrays.append(pa.nulls(n, type=field.type))
         elif pa.types.is_list(field.type):
-            values = np.asarray(values)
-            width = values.shape[1]
-            flat = pa.array(values.reshape(-1), type=field.type.value_type)
-            offsets = pa.array(np.arange(0, (n + 1) * width, width, dtype=np.int32))
-            arrays.append(pa.ListArray.from_arrays(offsets, flat))
+            arrays.append(grid_list_array(np.asarray(values), field.type.value_type))
         else:
             arrays.append(pa.array(values, type=field.type))
     return pa.Table.from_arrays(arrays, schema=arrow)
@@ -161,34 +165,43 @@ MEMORY_LIMIT: str | None = None
 past it DuckDB spills to its temporary directory."""
 
 
-def _stores_lists(con: duckdb.DuckDBPyConnection) -> bool:
-    """Whether ``telemetry`` is in the layout before issue 15 §4 (the five NVLink lists
-    in every row)."""
+def has_column(con: duckdb.DuckDBPyConnection, table: str, column: str) -> bool:
+    """Whether ``table`` of the current schema has ``column`` (an older layout's mark)."""
     return bool(con.execute(
-        "SELECT count(*) FROM duckdb_columns() WHERE table_name = 'telemetry' "
-        "AND column_name = 'nvlink_up' AND schema_name = current_schema()").fetchall()[0][0])
+        "SELECT count(*) FROM duckdb_columns() WHERE table_name = ? AND column_name = ? "
+        "AND schema_name = current_schema()", [table, column]).fetchall()[0][0])
 
 
-def _convert_sample_lists(con: duckdb.DuckDBPyConnection) -> None:
-    """Convert a ``telemetry`` table of the older layout to ``schema``'s, in one
-    transaction: the lists summarised in each row, kept whole in ``telemetry_nvlink``
-    where they are not all up and zero (``schema.IRREGULAR_SQL``)."""
-    n = con.execute("SELECT count(*) FROM telemetry").fetchall()[0][0]
-    log.info("store.converting_telemetry rows=%d: NVLink lists become per-row totals "
-             "(issue 15 §4); once per database", n)
+def replace_table(con: duckdb.DuckDBPyConnection, table: str, ddl: str,
+                  fill: Callable[[str], Sequence[str]]) -> None:
+    """Rebuild ``table`` in a new layout, in one transaction: the old one is renamed,
+    ``ddl`` creates the new, the statements ``fill(old_name)`` copy the rows over, and the
+    old table is dropped. Any error rolls all of it back."""
+    old = f"{table}_old_layout"
     con.execute("BEGIN TRANSACTION")
     try:
-        con.execute("ALTER TABLE telemetry RENAME TO telemetry_lists")
-        con.execute(schema.DDL)
-        con.execute(f"INSERT INTO telemetry {schema.stored_samples_sql('telemetry_lists')}")
-        con.execute(f"INSERT INTO telemetry_nvlink SELECT gpu_uuid, ts, "
-                    f"{', '.join(schema.NVLINK_LISTS)} FROM telemetry_lists "
-                    f"WHERE {schema.IRREGULAR_SQL}")
-        con.execute("DROP TABLE telemetry_lists")
+        con.execute(f"ALTER TABLE {table} RENAME TO {old}")
+        con.execute(ddl)
+        for sql in fill(old):
+            con.execute(sql)
+        con.execute(f"DROP TABLE {old}")
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")
         raise
+
+
+def _convert_sample_lists(con: duckdb.DuckDBPyConnection) -> None:
+    """Convert a ``telemetry`` table of the older layout to ``schema``'s: the lists
+    summarised in each row, kept whole in ``telemetry_nvlink`` where they are not all up
+    and zero (``schema.IRREGULAR_SQL``)."""
+    n = con.execute("SELECT count(*) FROM telemetry").fetchall()[0][0]
+    log.info("store.converting_telemetry rows=%d: NVLink lists become per-row totals "
+             "(issue 15 §4); once per database", n)
+    replace_table(con, "telemetry", schema.DDL, lambda old: [
+        f"INSERT INTO telemetry {schema.stored_samples_sql(old)}",
+        f"INSERT INTO telemetry_nvlink SELECT gpu_uuid, ts, "
+        f"{', '.join(schema.NVLINK_LISTS)} FROM {old} WHERE {schema.IRREGULAR_SQL}"])
 
 
 class Store:
@@ -219,7 +232,7 @@ class Store:
         self.nic_rows_added = 0
         """Rows ``insert_batches`` added to ``nic_telemetry`` (its return value predates
         NIC samples and stays three counts)."""
-        if _stores_lists(self.con):
+        if has_column(self.con, "telemetry", "nvlink_up"):  # the layout before issue 15 §4
             if read_only:
                 self.con.close()
                 raise StoreError(self.path, "its telemetry table is in the layout of an "
@@ -310,7 +323,8 @@ class Store:
         """Land GPU samples (Arrow, ``schema.SAMPLE_SCHEMA``) as stored: the NVLink lists
         summarised in each row, kept whole in ``telemetry_nvlink`` only for a sample with
         a link down or a counter not zero (``schema.stored_samples_sql``); DuckDB inserts
-        the summary 2.3x faster than the lists. Returns samples added."""
+        the summary 1.7x faster than the lists while few samples need theirs (README:
+        "How GPU samples are stored"). Returns samples added."""
         # the mark and the rows land under one lock: a refresh takes the mark
         # (``rollup._take_dirty`` holds the lock too) before both or after both, never
         # between them, which would consume the mark of rows its snapshot lacks
