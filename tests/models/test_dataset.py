@@ -120,6 +120,14 @@ def test_hard_negatives_are_kept_whole_and_the_weights_still_estimate_the_fleet(
     # stratified: the hard rows at weight 1 plus the sampled rest at 1 / 0.1 still
     # estimate the number of healthy rows
     assert w[healthy].sum() == pytest.approx((~pos).sum(), rel=0.1)
+    # hard_weight: the hard healthy rows count that many times, nothing else moves
+    heavy = dataset.sample(table, keep, negatives=0.1, seed=3, hard=hard, hard_weight=16.0)
+    hw = heavy.column(dataset.WEIGHT).to_numpy()
+    assert heavy.num_rows == a.num_rows
+    assert (hw == 16.0).sum() == hard.sum() and (hw == 1.0).sum() == pos.sum()
+    assert (hw[w == 10.0] == 10.0).all()
+    with pytest.raises(ValueError, match="hard_weight"):
+        dataset.sample(table, keep, negatives=0.1, hard=hard, hard_weight=0.0)
     assert not dataset.hard_negatives(p, keep & ~pos, 0.0).any()
     assert not dataset.hard_negatives(p, np.zeros(len(p), dtype=bool), 0.05).any()
 

@@ -34,6 +34,12 @@ def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
     assert not any(f.startswith("nvlink_flaps") for f in meta["features"])
     assert meta["train_positives"] > 0 and meta["negatives"] == prior.NEGATIVES
     assert meta["hard_negatives"] == prior.HARD_NEGATIVES
+    assert meta["hard_weight"] == prior.HARD_WEIGHT
+    # the operating threshold holds a quarter of the budget on the validation fleets
+    v = meta["validation"]
+    assert meta["operating_budget"] == prior.OPERATING_BUDGET
+    assert v["false_drains_allowed"] == int(v["node_days"] * prior.OPERATING_BUDGET / 1000)
+    assert v["false_drains"] is None or v["false_drains"] <= v["false_drains_allowed"]
     assert meta["threshold"] == meta["validation"]["threshold"]
     assert "simulated" in meta["data"]
     path = prior.write(model, meta, tmp_path)

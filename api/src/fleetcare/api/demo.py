@@ -108,7 +108,7 @@ def why_figures_differ(m: dict[str, Any], origin: str, failure_scale: float) -> 
            "15 fleets (46,728 node-days at x4, 95,047 at x1)")
     if origin == "prior" and failure_scale != 1:
         out += (f", and this fleet fails at x{failure_scale:g} the published rates, where the "
-                "prior (thresholded at x1) raises more false alarms (README: 3.2 per 1,000 "
+                "prior (thresholded at x1) raises more false alarms (README: 1.3 per 1,000 "
                 "node-days at x4)")
     return out
 

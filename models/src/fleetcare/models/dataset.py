@@ -30,6 +30,9 @@ float32 (every counter delta below 2^24 is exact; the model reads float64 back).
   real fleet's benign noise) are a few per thousand. Sampled at 5 % with weight 20, the
   booster sees one row in twenty of them, each counting twenty times: too few to learn
   where a precursor differs from a look-alike, which is what a false drain is.
+  ``hard_weight`` makes each of them count more in a fit (not in calibration): the
+  ranking then pays attention to them as if look-alikes were that much more common, while
+  the calibrated probabilities keep the base rate (the fleet prior uses 16).
 """
 
 from __future__ import annotations
@@ -226,14 +229,23 @@ def hard_negatives(p: np.ndarray, candidates: np.ndarray, share: float) -> np.nd
 
 
 def sample(table: pa.Table, keep: np.ndarray, *, negatives: float, seed: int = 0,
-           hard: np.ndarray | None = None) -> pa.Table:
-    """The rows of ``keep`` a training set takes, with a ``weight`` column (module doc)."""
+           hard: np.ndarray | None = None, hard_weight: float = 1.0) -> pa.Table:
+    """The rows of ``keep`` a training set takes, with a ``weight`` column (module doc).
+
+    ``hard_weight`` (default 1) multiplies the weight of the hard rows that are not
+    positive: a fit on such rows learns as if look-alikes were that many times as common
+    (what the fleet prior trains with, ``prior.HARD_WEIGHT``); calibration rows keep 1."""
     if not 0 < negatives <= 1:
         raise ValueError(f"negatives={negatives} must be in (0, 1]: the share of healthy "
                          "rows kept")
-    whole = T._bool(table, "label") | T._bool(table, "node_label")
+    if not hard_weight > 0:
+        raise ValueError(f"hard_weight={hard_weight} must be above 0")
+    positive = T._bool(table, "label") | T._bool(table, "node_label")
+    whole = positive
+    hard_rows = np.zeros(table.num_rows, dtype=bool)
     if hard is not None:
-        whole = whole | np.asarray(hard, dtype=bool)
+        hard_rows = np.asarray(hard, dtype=bool) & ~positive
+        whole = whole | hard_rows
     take = keep & whole
     if negatives < 1:
         gpu = T._str(table, "gpu_uuid")
@@ -243,6 +255,7 @@ def sample(table: pa.Table, keep: np.ndarray, *, negatives: float, seed: int = 0
     else:
         take |= keep
         weight = np.ones(table.num_rows, dtype=np.float32)
+    weight[hard_rows] *= np.float32(hard_weight)
     out = table.filter(pa.array(take))
     return out.append_column(WEIGHT, pa.array(weight[take], pa.float32()))
 
