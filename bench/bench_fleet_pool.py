@@ -132,7 +132,7 @@ def summarise(runs: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
             "detected_by_mode")}
     pool = prior.pooled([r["scores"] for r in runs])
     at = prior.metrics_of(pool, threshold=threshold)
-    oracle = prior.metrics_of(pool, max_candidates=2000)
+    oracle = prior.metrics_of(pool, max_candidates=prior.THRESHOLD_CANDIDATES)
     rules = {}
     for name in ("reactive_xid", "dcgm_thresholds"):
         al = [r["rules"][name] for r in runs]
