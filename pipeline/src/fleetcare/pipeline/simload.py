@@ -23,6 +23,7 @@ class LoadResult:
     samples: int
     events: int
     incidents: int
+    nic_samples: int = 0
 
 
 def mark_simulated(store: Store, note: str) -> None:
@@ -32,16 +33,19 @@ def mark_simulated(store: Store, note: str) -> None:
 
 def load_history(store: Store, sim: FleetSimulator, start: dt.datetime, end: dt.datetime, *,
                  interval_s: float = 60.0, progress: Progress | None = None) -> LoadResult:
-    """Write telemetry, XID events and incidents for [start, end) into ``store``."""
+    """Write telemetry, XID events and incidents (and NIC port samples, for a fleet with
+    NIC ports) for [start, end) into ``store``."""
     ticks = max(1, int((end - start).total_seconds() // interval_s))
-    done = samples = events = incidents = 0
+    done = samples = events = incidents = nics = 0
     for chunk in sim.history(start, end, interval_s=interval_s):
         n = len(chunk.samples["ts"])
         samples += store.insert_sample_columns(chunk.samples)
         events += store.insert_events(chunk.events)
         incidents += store.insert_incidents(chunk.incidents)
+        if chunk.nics is not None:
+            nics += store.insert_nic_columns(chunk.nics)
         if progress is not None and n:
             last = chunk.samples["ts"].max().astype("datetime64[us]").astype(dt.datetime)
             done = int((last.replace(tzinfo=dt.UTC) - start).total_seconds() // interval_s) + 1
             progress(min(done, ticks), ticks)
-    return LoadResult(samples, events, incidents)
+    return LoadResult(samples, events, incidents, nics)

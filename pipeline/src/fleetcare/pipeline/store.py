@@ -144,7 +144,8 @@ def grid_list_array(grid: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
 def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.Table:
     """Columnar numpy data (the simulator's history chunks) → Arrow, fast path.
 
-    Missing fields become null columns; 2-D arrays become list columns (one list per row).
+    Missing fields become null columns; 2-D arrays become list columns (one list per row),
+    and so do object arrays of lists (None: a null list).
     """
     n = len(next(iter(columns.values())))
     arrays = []
@@ -152,6 +153,8 @@ def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.
         values = columns.get(field.name)
         if values is None:
             arrays.append(pa.nulls(n, type=field.type))
+        elif pa.types.is_list(field.type) and np.asarray(values).dtype == object:
+            arrays.append(pa.array(np.asarray(values).tolist(), type=field.type))
         elif pa.types.is_list(field.type):
             arrays.append(grid_list_array(np.asarray(values), field.type.value_type))
         else:
@@ -376,6 +379,10 @@ class Store:
     def insert_nic_samples(self, nics: Iterable[NicSample]) -> int:
         """Land NIC port samples in ``nic_telemetry`` (natural key ``schema.NIC_KEY``)."""
         return self._insert_nics(records_to_arrow(nics, schema.NIC_SCHEMA))
+
+    def insert_nic_columns(self, columns: Mapping[str, np.ndarray]) -> int:
+        """Land columnar NIC port samples (the simulator's ``Chunk.nics``)."""
+        return self._insert_nics(columns_to_arrow(columns, schema.NIC_SCHEMA))
 
     def _insert_nics(self, data: pa.Table) -> int:
         if data.num_rows:

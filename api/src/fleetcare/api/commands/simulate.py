@@ -3,6 +3,7 @@
     fleetcare simulate --nodes 64 --days 30 --seed 1 --db var/fleet.duckdb
     fleetcare simulate --nodes 2048 --days 54 --incidents-only --json
     fleetcare simulate --nodes 400 --days 348 --incidents-only --incidents-csv inc.csv
+    fleetcare simulate --nodes 64 --days 30 --nic-ports 8 --db var/fleet.duckdb
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ def add_parser(subparsers: Any) -> None:
                    help="also repair times as long as the trace's (median 35 h, 90th "
                         "percentile ~530 h), with the repeat knobs fit again for them; "
                         "implies --trace-repeats")
+    s.add_argument("--nic-ports", type=int, default=0, metavar="N",
+                   help="InfiniBand ports per node (a DGX H100 has 8): write NIC port "
+                        "telemetry too, and give a share of cable/switch and NIC failures "
+                        "precursors on a port (default 0: no NIC telemetry)")
     s.add_argument("--incidents-only", action="store_true",
                    help="only simulate incidents, write nothing (fast: 2,048 nodes x 54 days "
                         "< 1 s)")
@@ -56,7 +61,8 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     knobs: dict[str, Any] = dict(TRACE_FAULTS if args.trace_repairs  # (defaults: all off)
                                  else TRACE_REPEATS if args.trace_repeats else {})
     spec = FleetSpec(nodes=args.nodes, seed=args.seed if args.seed is not None else cfg.seed,
-                     model=args.model, failure_scale=args.failure_scale, **knobs)
+                     model=args.model, failure_scale=args.failure_scale,
+                     nic_ports=args.nic_ports, **knobs)
     plan = simulate_incidents(spec, args.days)
     summary = summarize(plan)
     if args.incidents_csv:
@@ -90,14 +96,18 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     progress.close()
     mark_simulated(store, f"nodes={spec.nodes} days={args.days} seed={spec.seed} "
                           f"model={spec.model} failure_scale={spec.failure_scale}"
+                          + (f" nic_ports={spec.nic_ports}" if spec.nic_ports else "")
                           + "".join(f" {k}={v}" for k, v in knobs.items()))
     store.close()
     out = {**summary, "db": db, "rows": {"telemetry": result.samples, "xid_events": result.events,
-                                          "incidents": result.incidents}, "simulated": True}
+                                          "incidents": result.incidents,
+                                          "nic_telemetry": result.nic_samples},
+           "simulated": True}
     if args.json:
         print_json(out)
     else:
-        print(f"wrote {result.samples:,} samples, {result.events:,} XID events and "
+        nics = f", {result.nic_samples:,} NIC port samples" if spec.nic_ports else ""
+        print(f"wrote {result.samples:,} samples{nics}, {result.events:,} XID events and "
               f"{result.incidents:,} incidents (simulated) to {db}")
     return 0
 

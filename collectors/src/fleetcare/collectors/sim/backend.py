@@ -2,7 +2,8 @@
 
 Each ``poll(now)`` advances the same per-GPU counter state that ``history`` uses, so
 counters stay monotonic between polls whatever their spacing, and returns the XID
-events and incidents in ``[previous poll, now)`` (the first poll looks back one minute).
+events and incidents in ``[previous poll, now)`` (the first poll looks back one minute),
+and with NIC ports the ports' samples at ``now``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import datetime as dt
 import numpy as np
 
 from fleetcare.collectors.backend import BackendError, Reading
+from fleetcare.collectors.sim.nics import nic_columns_to_samples
 from fleetcare.collectors.sim.telemetry import Chunk, FleetSimulator, chunk_to_samples
 
 FIRST_LOOKBACK_S = 60.0
@@ -50,6 +52,9 @@ class SimBackend:
             reading.samples.extend(chunk_to_samples(chunk))
             reading.events.extend(grp.events(prev, t, rng))
             reading.incidents.extend(grp.incidents(prev, t))
+            nics = grp.nic_step(np.array([t]))
+            if nics is not None:
+                reading.nics.extend(nic_columns_to_samples(nics))
         self._last = t
         return reading
 

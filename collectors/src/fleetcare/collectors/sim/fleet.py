@@ -17,6 +17,7 @@ from fleetcare.collectors.sim.gpu_models import MODELS, GpuModel
 
 DEFAULT_START = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 PCI_BUSES = ("18", "2A", "3A", "5D", "9A", "AB", "BA", "DB")  # DGX H100 GPU bus ids
+MAX_NIC_PORTS = 16
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,11 @@ class FleetSpec:
     (``incidents.REPAIR``) times ``repair_scale``, spread lognormally with
     ``repair_sigma``; the defaults (1, 0.8) are the simulator's own guess, and
     ``incidents.TRACE_REPAIRS`` is fit on the real trace.
+
+    ``nic_ports`` (opt-in, 0 by default): InfiniBand ports per node (a DGX H100 has 8
+    compute HCAs). With ports, the fleet reports NIC port telemetry (``nics``) and a share
+    of its network failures (cable/switch, NIC) shows precursors on one port; without,
+    network failures show nothing, as in earlier versions (same draws).
     """
 
     nodes: int
@@ -45,6 +51,7 @@ class FleetSpec:
     repeat_decay_days: float = 7.0
     repair_scale: float = 1.0
     repair_sigma: float = 0.8
+    nic_ports: int = 0
 
     def __post_init__(self) -> None:
         if self.nodes < 1:
@@ -66,6 +73,9 @@ class FleetSpec:
         if self.repair_scale <= 0 or self.repair_sigma < 0:
             raise ValueError("FleetSpec.repair_scale must be > 0 and repair_sigma >= 0, got "
                              f"{self.repair_scale}, {self.repair_sigma}")
+        if not 0 <= self.nic_ports <= MAX_NIC_PORTS:
+            raise ValueError(f"FleetSpec.nic_ports={self.nic_ports}: use 0 (no NIC telemetry) "
+                             f"to {MAX_NIC_PORTS} InfiniBand ports per node")
         parse_model_mix(self.model)  # validate early
 
     @property

@@ -19,7 +19,9 @@ the draws are exactly those of earlier versions.
 
 Each GPU failure has a mode (the mechanism with GPU-visible precursors, see ``MODES``),
 a precursor lead time (lognormal hours) and a terminal XID. A few healthy GPUs get
-"decoys" (precursor-like signals that never end in a failure).
+"decoys" (precursor-like signals that never end in a failure). With NIC ports
+(``FleetSpec.nic_ports``), a share of network failures gets a mode too (``NETWORK_MODES``:
+``link``, ``nic``) and the port its precursors show on (``sim/nics.py``).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ from fleetcare.collectors.sim.fleet import FleetLayout, FleetSpec
 
 REFERENCE_NODE_DAYS = 2048 * 54
 CAUSE_NAMES: tuple[str, ...] = tuple(CAUSES)
-MODES: tuple[str, ...] = ("none", "hbm", "sram", "gsp", "thermal", "nvlink", "pcie")
+MODES: tuple[str, ...] = ("none", "hbm", "sram", "gsp", "thermal", "nvlink", "pcie", "link",
+                          "nic")
 DECOY_KINDS: tuple[str, ...] = ("ecc_plateau", "pcie_burst", "hot_gpu")
 LEMON_HAZARD = 12.0
 LEMON_SAME_GPU = 0.7
@@ -69,7 +72,16 @@ REPAIR: dict[str, tuple[float, bool]] = {
 LEAD: dict[str, tuple[float, float]] = {
     "hbm": (48.0, 0.9), "thermal": (24.0, 0.8), "nvlink": (12.0, 0.9),
     "pcie": (18.0, 0.9), "gsp": (3.0, 0.7), "sram": (1.0, 0.6),
+    "link": (12.0, 1.0), "nic": (6.0, 0.9),
 }
+NETWORK_MODES: dict[str, tuple[str, float]] = {
+    "network_switch_cable": ("link", 0.6), "nic": ("nic", 0.5),
+}
+"""cause -> (mode, share with precursors) when the fleet has NIC ports
+(``FleetSpec.nic_ports``): a degrading cable or transceiver shows symbol errors and flaps
+before its link stays down, a failing NIC receive errors and a link trained down; switches
+and NICs that die at once (the rest) show nothing. No public source gives these shares or
+leads (``LEAD``): they are assumptions, stated in ``sim/nics.py`` and the README."""
 FAULTY_GPU_MODES = (("pcie", 0.35), ("nvlink", 0.30), ("thermal", 0.10), ("none", 0.25))
 CAUSE_MODE = {
     "gpu_hbm3_memory": "hbm", "gpu_sram_memory": "sram", "gpu_system_processor": "gsp",
@@ -92,7 +104,8 @@ class IncidentPlan:
     Times are float hours since ``spec.start``. ``gpu`` is the index within the node
     (-1: node-level), ``cause``/``mode`` index ``CAUSE_NAMES``/``MODES``, ``xid`` is
     the terminal XID (-1: none), ``lead_h`` the precursor lead (0 for mode none),
-    ``repair_h`` how long the node is down, ``replaced`` whether the GPU was swapped.
+    ``repair_h`` how long the node is down, ``replaced`` whether the GPU was swapped,
+    ``port`` the node's NIC port a network failure's precursors show on (-1: none).
     """
 
     spec: FleetSpec
@@ -113,6 +126,7 @@ class IncidentPlan:
     decoy_gpu: np.ndarray
     decoy_kind: np.ndarray  # index into DECOY_KINDS
     decoy_dur_h: np.ndarray
+    port: np.ndarray
 
     def __len__(self) -> int:
         return len(self.time_h)
@@ -245,6 +259,7 @@ def simulate_incidents(spec: FleetSpec, days: float) -> IncidentPlan:
         if mask.any():
             xid[mask] = _pick(rng, table, int(mask.sum()))
     replaced = np.array([REPAIR[c][1] for c in cause_names], dtype=bool) & (gpu >= 0)
+    port = _network_modes(spec, cause_names, mode, lead_h)
     keep = time_h < days * 24.0
     by_time = np.argsort(time_h[keep], kind="stable")
 
@@ -270,8 +285,30 @@ def simulate_incidents(spec: FleetSpec, days: float) -> IncidentPlan:
         lemon=lemon,
         decoy_time_h=d_time[ok][d_order], decoy_node=d_node[ok][d_order],
         decoy_gpu=d_gpu[ok][d_order], decoy_kind=d_kind[ok][d_order],
-        decoy_dur_h=d_dur[ok][d_order],
+        decoy_dur_h=d_dur[ok][d_order], port=sel(port),
     )
+
+
+def _network_modes(spec: FleetSpec, cause_names: list[str], mode: np.ndarray,
+                   lead_h: np.ndarray) -> np.ndarray:
+    """With NIC ports, give a share of network failures (``NETWORK_MODES``) a mode, a
+    lead and the port it shows on (``mode`` and ``lead_h`` are set in place); returns the
+    port per failure (-1: none). Its own random stream: the other draws keep theirs."""
+    port = np.full(len(cause_names), -1, dtype=np.int8)
+    if not spec.nic_ports:
+        return port
+    rng = np.random.default_rng([spec.seed, 7])
+    for i, c in enumerate(cause_names):
+        if c not in NETWORK_MODES:
+            continue
+        name, share = NETWORK_MODES[c]
+        u, z, p = rng.random(), rng.standard_normal(), rng.integers(0, spec.nic_ports)
+        if u < share:
+            mode[i] = MODES.index(name)
+            lead_h[i] = float(np.clip(LEAD[name][0] * np.exp(LEAD[name][1] * z), 0.25,
+                                      14 * 24))
+            port[i] = p
+    return port
 
 
 def _with_repeats(spec: FleetSpec, base_per_day: np.ndarray, node: np.ndarray,

@@ -40,6 +40,7 @@ from fleetcare.collectors.sim.episodes import (
 )
 from fleetcare.collectors.sim.fleet import FleetSpec
 from fleetcare.collectors.sim.incidents import IncidentPlan, failure_incidents, repair_incidents
+from fleetcare.collectors.sim.nics import NicPorts, PortEvents, build_port_events
 
 ROWS_PER_CHUNK = 1 << 17
 JOB_BLOCK_S = 6 * 3600.0
@@ -70,13 +71,15 @@ _EPOCH = np.datetime64("1970-01-01T00:00:00", "us")
 
 @dataclass(slots=True)
 class Chunk:
-    """Telemetry for ``[start, end)``: columnar samples, XID events and incidents."""
+    """Telemetry for ``[start, end)``: columnar samples, XID events and incidents, and
+    with NIC ports (``FleetSpec.nic_ports``) columnar NIC port samples (``sim.nics``)."""
 
     start: dt.datetime
     end: dt.datetime
     samples: dict[str, np.ndarray]
     events: list[XidEvent] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
+    nics: dict[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return len(self.samples["ts"])
@@ -148,6 +151,9 @@ class Group:
             fleet_gpus=fleet_g,
         )
         self.node_names = sim.layout.node_names[self.nodes]
+        self.nic = None if sim.port_events is None else NicPorts(
+            sim.port_events, start=spec.start, nodes=self.nodes, node_names=self.node_names,
+            model=self.model.key, repairs=(self.down_t1, self.down_node))
         self.uuids = sim.layout.gpu_uuids[self.gpus]
         self.pci = sim.layout.pci_bus_ids[self.gpus]
         self.model_col = np.full(self.G, self.model.name, dtype=object)
@@ -317,6 +323,13 @@ class Group:
         }
         return cols
 
+    def nic_step(self, ticks: np.ndarray) -> dict[str, np.ndarray] | None:
+        """NIC port samples at ``ticks`` (None: the fleet has no NIC ports)."""
+        if self.nic is None:
+            return None
+        down = self.down(ticks)
+        return self.nic.columns(ticks, ~down if down.any() else None)
+
     # -- events and incidents ------------------------------------------------------------
     def events(self, a: float, b: float, rng: np.random.Generator) -> list[XidEvent]:
         """XIDs with a <= t < b: scheduled (precursor/terminal) plus application XIDs."""
@@ -372,6 +385,8 @@ class FleetSimulator:
         self.plan = plan
         self.layout = plan.layout
         self.episodes = build_episodes(plan)
+        self.port_events: PortEvents | None = (build_port_events(plan) if spec.nic_ports
+                                               else None)
 
     def groups(self, nodes: np.ndarray | None = None) -> list[Group]:
         """One ``Group`` per GPU model among ``nodes`` (default: all), in model order."""
@@ -408,6 +423,7 @@ class FleetSimulator:
                     samples=grp.step(tk, rng),
                     events=grp.events(lo, hi, rng),
                     incidents=grp.incidents(lo, hi),
+                    nics=grp.nic_step(tk),
                 )
 
 
