@@ -52,6 +52,11 @@ def test_sentence_has_plain_name_unit_window_and_fleet_median():
         "(fleet median for A100: 0 °C)")
     assert sentence("ecc_corrected_24h", float("nan"), 0.0, "H100") == (
         "corrected ECC errors in 24 h not reported")
+    assert sentence("node_nic_flaps_24h", 3.0, 0.0, "H100") == (
+        "3 InfiniBand link flaps on this node in 24 h (fleet median for H100: 0)")
+    assert sentence("node_nic_rate_ratio_24h", 0.5, 1.0, "H100") == (
+        "an InfiniBand port of this node ran at 50% of the fastest port's rate in 24 h "
+        "(a link trained down)")
 
 
 def test_no_raw_feature_names_or_odd_phrasing_for_any_catalogued_feature():

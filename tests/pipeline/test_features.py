@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from fleetcare.collectors.contract import GpuSample, Incident, XidEvent
+from fleetcare.collectors.contract import GpuSample, Incident, NicSample, XidEvent
 from fleetcare.pipeline import features, rollup
 from fleetcare.pipeline.store import Store
 
@@ -212,3 +212,55 @@ def test_stale_gpus_are_left_out(store):
     store.insert_sample_records([sample(0), sample(10, gpu="G1", index=1), sample(50)])
     features.refresh(store)
     assert features.latest_features(store).column("gpu_uuid").to_pylist() == ["G0"]
+
+
+def nic(minutes: float, node: str = "n1", device: str = "mlx5_0", **kw) -> NicSample:
+    base = dict(state="ACTIVE", phys_state="LinkUp", rate_gbps=400.0, port=1,
+                link_layer="InfiniBand")
+    return NicSample(ts=at(minutes), node=node, device=device, **(base | kw))
+
+
+def test_node_nic_features_count_the_nodes_ports_over_24_hours(store):
+    """Issue 16: flaps, link and receive errors and a link trained down, summed over the
+    node's ports, the same for every GPU of the node; NaN on a node without NIC ports."""
+    for node in ("n1", "n2"):
+        store.insert_sample_records(sample(10 * i, gpu=f"{node}-G{g}", node=node, index=g)
+                                    for i in range(3 * 6 + 1) for g in range(2))
+    store.insert_nic_samples([
+        nic(0, symbol_error=0, link_downed=1, port_rcv_errors=5, port_xmit_discards=100,
+            link_error_recovery=0),
+        nic(60, symbol_error=40, link_downed=1, port_rcv_errors=5, port_xmit_discards=900),
+        nic(70, symbol_error=40, link_downed=2, port_rcv_errors=5, state="DOWN",
+            phys_state="Polling"),
+        nic(80, symbol_error=45, link_downed=2, port_rcv_errors=8, link_error_recovery=3),
+        nic(0, device="mlx5_1", local_link_integrity_errors=0), nic(90, device="mlx5_1", rate_gbps=200.0,
+                                     local_link_integrity_errors=2),
+    ])
+    features.refresh(store)
+    grid = features.gpu_features(store, at(180), at(180))
+    for gpu in ("n1-G0", "n1-G1"):
+        r = row(grid, at(180), gpu)
+        assert r["node_nic_flaps_24h"] == 1.0  # the DOWN sample and link_downed: one flap
+        # 40 + 5 symbol errors, 3 recoveries, 2 integrity errors (from each first reading)
+        assert r["node_nic_link_errors_24h"] == 50.0
+        assert r["node_nic_rcv_errors_24h"] == 3.0  # discards are congestion: not counted
+        assert r["node_nic_rate_ratio_24h"] == 0.5
+    r = row(grid, at(180), "n2-G0")
+    assert all(math.isnan(r[f]) for f in ("node_nic_flaps_24h", "node_nic_link_errors_24h",
+                                          "node_nic_rcv_errors_24h",
+                                          "node_nic_rate_ratio_24h"))
+    # a day later the window has moved past them; the ports still report, quiet (0 and a
+    # ratio of 1, not NaN: NaN is for a node whose ports sent nothing in 24 hours)
+    store.insert_sample_records(sample(180 + 25 * 60 - 10 * i, gpu="n1-G0", node="n1")
+                                for i in range(3))
+    store.insert_nic_samples([nic(180 + 24 * 60, symbol_error=45, link_downed=2,
+                                  port_rcv_errors=8, link_error_recovery=3)])
+    features.refresh(store)
+    late = features.gpu_features(store, at(180) + 25 * H, at(180) + 25 * H)
+    r = row(late, at(180) + 25 * H, "n1-G0")
+    assert (r["node_nic_flaps_24h"], r["node_nic_link_errors_24h"],
+            r["node_nic_rate_ratio_24h"]) == (0.0, 0.0, 1.0)
+    # live scoring at the hour boundary reads the same as the grid
+    live = features.latest_features(store, at(180))
+    assert {k: v for k, v in row(live, at(180), "n1-G0").items() if k.startswith("node_nic")} \
+        == {k: v for k, v in row(grid, at(180), "n1-G0").items() if k.startswith("node_nic")}

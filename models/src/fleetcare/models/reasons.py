@@ -145,6 +145,11 @@ COUNTS: dict[str, tuple[str, str]] = {
     "node_repairs": ("repair or RMA of this node", "repairs or RMAs of this node"),
     "node_gpus_with_errors": ("GPU of this node with errors", "GPUs of this node with errors"),
     "node_gpus": ("GPU scored on this node", "GPUs scored on this node"),
+    "node_nic_flaps": ("InfiniBand link flap on this node", "InfiniBand link flaps on this node"),
+    "node_nic_link_errors": ("InfiniBand link error on this node",
+                             "InfiniBand link errors on this node"),
+    "node_nic_rcv_errors": ("InfiniBand receive error on this node",
+                            "InfiniBand receive errors on this node"),
 }
 FRACTIONS = {
     "pcie_width_down": "PCIe link below full width",
@@ -287,6 +292,11 @@ def sentence(name: str, value: float, median: float | None, gpu_model: str | Non
         over = f" over {WINDOW_TEXT[w]}" if w else ""
         return (f"{what}{over}: {human(value)}{unit}"
                 + _peers(median, gpu_model, None if median is None else f"{human(median)}{unit}"))
+    if stem == "node_nic_rate_ratio":
+        if value >= 1:
+            return f"every InfiniBand port of this node at full rate{in_w}"
+        return (f"an InfiniBand port of this node ran at {human(100 * value)}% of the "
+                f"fastest port's rate{in_w} (a link trained down)")
     if name == "gpu_temp_now":
         return f"GPU temperature now: {human(value)} °C" + _peers(
             median, gpu_model, None if median is None else f"{human(median)} °C")

@@ -194,6 +194,27 @@ ERROR_BASES_24H = ["ecc_corrected_24h", "ecc_uncorrected_24h", "remapped_rows_24
                    "nvlink_recovery_24h", "nvlink_flaps_24h"]
 """A GPU 'has errors' (node_gpus_with_errors_24h) when one of these, or a non-application
 XID, is above 0 over 24 h."""
+NIC_LINK_ERRORS = ("symbol_error", "link_error_recovery", "local_link_integrity_errors")
+NIC_RCV_ERRORS = ("port_rcv_errors", "port_rcv_remote_physical_errors",
+                  "excessive_buffer_overrun_errors")
+"""The InfiniBand port counters behind ``node_nic_link_errors_24h`` (the physical link:
+a degrading cable or transceiver) and ``node_nic_rcv_errors_24h`` (what the port received
+badly or could not buffer). Transmit discards are left out: congestion, not a fault."""
+NIC_FEATURES: list[tuple[str, str, str]] = [
+    ("node_nic_flaps_24h", "flaps",
+     "InfiniBand link flaps on this node's ports (a port leaving ACTIVE, or link_downed "
+     "rising)"),
+    ("node_nic_link_errors_24h", "errors",
+     "InfiniBand link errors on this node's ports: " + " + ".join(NIC_LINK_ERRORS)),
+    ("node_nic_rcv_errors_24h", "errors",
+     "InfiniBand receive errors on this node's ports: " + " + ".join(NIC_RCV_ERRORS)),
+    ("node_nic_rate_ratio_24h", "ratio",
+     "lowest rate any of this node's InfiniBand ports ran at over the highest (below 1: a "
+     "link trained down)"),
+]
+"""Node features from the NIC port rollup (``nic_rollup``), the same for every GPU of the
+node; NaN on a node none of whose ports reported in the period scored (the grid's whole
+span, live the last 25 hours)."""
 
 
 def windowed_sql(A: Agg) -> list[tuple[str, str]]:
@@ -276,6 +297,9 @@ def _catalogue() -> list[FeatureDef]:
                    + " or a non-application XID above 0"),
         FeatureDef("node_gpus", "now", "GPUs", "scored GPUs of this node"),
     ]
+    for name, unit, definition in NIC_FEATURES:
+        out.append(FeatureDef(name, "24h", unit, definition + "; NaN when no port of the "
+                              "node reported"))
     return out
 
 

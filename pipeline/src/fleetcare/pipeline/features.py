@@ -40,6 +40,8 @@ from fleetcare.pipeline.feature_defs import (
     ERROR_BASES_24H,
     FEATURES,
     LEMON_DAYS,
+    NIC_LINK_ERRORS,
+    NIC_RCV_ERRORS,
     NODE_MAX_BASES,
     REL_BASES,
     SINCE_CAP_H,
@@ -50,7 +52,7 @@ from fleetcare.pipeline.feature_defs import (
     windowed_sql,
     xid_class,
 )
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import Store, has_column
 
 __all__ = ["FEATURES", "KEY_COLUMNS", "STALE_AFTER", "FeatureDef", "gpu_features",
            "latest_features", "refresh", "render_docs"]
@@ -65,7 +67,7 @@ _LOOKBACK_H = max(WINDOWS.values())
 
 def refresh(store: Store, *, until: dt.datetime | None = None) -> None:
     """Roll up telemetry to ``until`` (default: the newest sample); see ``rollup``. NIC
-    port samples are rolled up too (``nic_rollup``; no model feature reads them yet)."""
+    port samples are rolled up too (``nic_rollup``; the ``node_nic_*`` features read it)."""
     rollup.refresh(store, until=until)
     nic_rollup.refresh(store)
 
@@ -169,8 +171,52 @@ tele AS (
 )"""
 
 
-def _tail(since_op: str | None) -> str:
-    """Joins and fleet context shared by both modes; reads ``tele`` and ``xev``.
+def _nic_sql(nic: str) -> str:
+    """CTEs ``nic_nodes`` (nodes with NIC ports in the scored period) and ``nic`` (the
+    ``node_nic_*`` features per scoring time and node) from the hourly NIC rollup ``nic``.
+
+    A scoring time ``te`` reads the 24 hours before ``hour_ceil(te)``: on the grid (``te``
+    on the hour) the 24 full hours before it, live the 23 before the current one and the
+    current partial hour, as the GPU windows do. Only node-hours with something to count
+    are joined (most have none)."""
+    plus = " + ".join
+    link = plus(f"coalesce({c}_inc, 0)" for c in NIC_LINK_ERRORS)
+    rcv = plus(f"coalesce({c}_inc, 0)" for c in NIC_RCV_ERRORS)
+    span = ("hour >= (SELECT min(te) FROM tele) - INTERVAL 25 HOUR "
+            "AND hour <= (SELECT max(te) FROM tele)")
+    return f""",
+nic_nodes AS (SELECT DISTINCT node FROM {nic} WHERE {span}),
+nich AS (
+  SELECT node, hour, sum(flaps) AS f, sum({link}) AS le, sum({rcv}) AS re,
+         min(min_rate_gbps) / nullif(max(max_rate_gbps), 0) AS rr
+  FROM {nic} WHERE {span} GROUP BY node, hour
+  HAVING sum(flaps) > 0 OR sum({link}) > 0 OR sum({rcv}) > 0
+      OR min(min_rate_gbps) < max(max_rate_gbps)
+),
+nk AS (SELECT DISTINCT te, node,
+         date_trunc('hour', te - INTERVAL 1 MICROSECOND) + INTERVAL 1 HOUR AS tn FROM tele),
+nic AS (
+  SELECT nk.te, nk.node, sum(f) AS node_nic_flaps_24h, sum(le) AS node_nic_link_errors_24h,
+    sum(re) AS node_nic_rcv_errors_24h, min(rr) AS node_nic_rate_ratio_24h
+  FROM nk JOIN nich ON nich.node = nk.node AND nich.hour >= nk.tn - INTERVAL 24 HOUR
+                   AND nich.hour < nk.tn
+  GROUP BY ALL
+)"""
+
+
+def _nic_select() -> str:
+    def pick(name: str, empty: str) -> str:
+        return (f"CASE WHEN nn.node IS NULL THEN NULL ELSE coalesce(nic.{name}, {empty}) "
+                f"END AS {name}")
+    return ",\n    ".join([pick("node_nic_flaps_24h", "0"),
+                            pick("node_nic_link_errors_24h", "0"),
+                            pick("node_nic_rcv_errors_24h", "0"),
+                            pick("node_nic_rate_ratio_24h", "1.0")])
+
+
+def _tail(since_op: str | None, nic: str = nic_rollup.TABLE) -> str:
+    """Joins and fleet context shared by both modes; reads ``tele`` and ``xev``, and the
+    hourly NIC rollup ``nic`` (``nic_source``).
 
     ``since_op`` compares a scoring time with an XID's ts on the grid (``>``: the hours
     before the scoring hour); ``None`` is live scoring, one scoring time that every XID
@@ -209,7 +255,7 @@ def _tail(since_op: str | None) -> str:
     err = " OR ".join(
         [f"coalesce({b}, 0) > 0" for b in ERROR_BASES_24H]
         + [f"xid_{c}_24h > 0" for c in XID_CLASSES if c != "application"])
-    return f""",
+    return _nic_sql(nic) + f""",
 nxb AS ({_xid_buckets('node')}),
 nx AS (
   SELECT k.te, k.node, {nx_cols}
@@ -238,10 +284,13 @@ j2 AS (
   SELECT j.*, {nx_sel},
     coalesce(lem.gpu_failures_28d, 0) AS gpu_failures_28d,
     coalesce(lem.node_failures_28d, 0) AS node_failures_28d,
-    coalesce(lem.node_repairs_28d, 0) AS node_repairs_28d
+    coalesce(lem.node_repairs_28d, 0) AS node_repairs_28d,
+    {_nic_select()}
   FROM j
   LEFT JOIN nx ON nx.te = j.te AND nx.node = j.node
   LEFT JOIN lem ON lem.te = j.te AND lem.gpu_uuid = j.gpu_uuid
+  LEFT JOIN nic_nodes nn ON nn.node = j.node
+  LEFT JOIN nic ON nic.te = j.te AND nic.node = j.node
 ),
 peers AS (SELECT te, model, {resid_fit}, {rel_meds} FROM j2 GROUP BY te, model),
 fit AS (
@@ -265,6 +314,15 @@ FROM final ORDER BY ts, node, gpu_index, gpu_uuid
 
 
 # -- running -------------------------------------------------------------------------------
+
+def nic_source(cur: duckdb.DuckDBPyConnection) -> str:
+    """The hourly NIC rollup to read: ``nic_hourly``, or an empty relation of its shape
+    when ``nic_rollup.refresh`` never ran on this store (nothing is created here: the
+    store may be opened read-only)."""
+    if has_column(cur, nic_rollup.TABLE, "flaps"):
+        return nic_rollup.TABLE
+    return f"({nic_rollup.rollup_sql('false')})"
+
 
 def _register_xmap(cur: duckdb.DuckDBPyConnection) -> None:
     xids = [r[0] for r in cur.execute(
@@ -336,7 +394,7 @@ def gpu_features(store: Store, start: dt.datetime, end: dt.datetime, *,
     hi = _lit(rollup.hour_floor(end_n))
 
     def sql(source: str) -> str:
-        return "WITH " + _tele_window(source, lo, hi) + _tail(">")
+        return "WITH " + _tele_window(source, lo, hi) + _tail(">", nic_source(cur))
 
     cur = store.cursor()
     try:

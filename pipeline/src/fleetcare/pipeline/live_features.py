@@ -235,7 +235,7 @@ def latest(store: Store, at: dt.datetime | None = None) -> pa.Table:
         source = f._source(store, cur, at_n, exact=True)
         f._register_xmap(cur)
         cur.register("fc_base", BASES.get(store, cur, source, rollup.hour_floor(at_n)))
-        sql = "WITH " + _tele_sql(source, f._lit(at_n)) + f._tail(None)
+        sql = "WITH " + _tele_sql(source, f._lit(at_n)) + f._tail(None, f.nic_source(cur))
         return f._finish(cur.sql(sql).to_arrow_table())
     finally:
         cur.close()
