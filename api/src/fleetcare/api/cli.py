@@ -15,14 +15,17 @@ Usage errors exit 2 naming the flag; operational errors go to stderr with exit 1
 is one line (what is wrong and how to fix it), never a traceback: an error nobody foresaw
 says so and how to see its traceback (``--log-level debug``). Secrets in URLs are masked
 in every line printed and logged (``fleetcare.collectors.redact``). A reader that closes
-stdout early (``| head``) ends the command quietly with exit 1.
+stdout early (``| head``) ends the command quietly with exit 1. ``kill -USR1 <pid>``
+prints every thread's stack to stderr and lets the command run on (a stuck ``serve``).
 Every command reads ``FLEETCARE_*`` environment variables and ``--config FILE`` (TOML).
 """
 
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -109,6 +112,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"log format {log_format!r} ([cli] log_format, FLEETCARE_CLI_LOG_FORMAT) "
                      f"is not one of {', '.join(LOG_FORMATS)}")
     setup_logging(level, log_format)
+    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack on stderr
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
     from fleetcare.pipeline import store
 
     store.MEMORY_LIMIT = cfg.duckdb_memory

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import shutil
 import sys
 import threading
@@ -43,6 +44,10 @@ from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.validate import Validator
 
 LIVE_INTERVAL_S = 60.0
+STOP_TIMEOUT_S = 10.0
+"""How long Ctrl-C waits for the service's threads, and again for the agent's and the
+server's, before the demo closes its store and exits."""
+log = logging.getLogger(__name__)
 
 
 def _say(args: argparse.Namespace, msg: str) -> None:
@@ -172,12 +177,14 @@ def run_demo(args: argparse.Namespace) -> int:
     # the history ends now (to the minute), so live telemetry continues it in real time
     hist_end = dt.datetime.now(dt.UTC).replace(second=0, microsecond=0)
     spec = FleetSpec(nodes=args.nodes, seed=args.seed, failure_scale=args.failure_scale,
-                     start=hist_end - dt.timedelta(days=args.days))
+                     start=hist_end - dt.timedelta(days=args.days),
+                     nic_ports=args.nic_ports)
     # plan past the history so the live stream has a future that can fail
     sim = FleetSimulator(spec, simulate_incidents(spec, args.days + 30))
     store = Store(db)
     note = (f"SIMULATED fleet: {spec.nodes} nodes x {spec.gpus_per_node} {spec.model}, "
-            f"seed {spec.seed}, failure rates x{spec.failure_scale:g} of Llama 3's")
+            f"seed {spec.seed}, failure rates x{spec.failure_scale:g} of Llama 3's"
+            + (f", {spec.nic_ports} InfiniBand ports a node" if spec.nic_ports else ""))
     _say(args, f"[1/4] {note}: simulating {args.days:g} days of history into {db}")
     t0 = time.monotonic()
     progress = progress_bar("history", unit="tick")
@@ -185,7 +192,8 @@ def run_demo(args: argparse.Namespace) -> int:
                           interval_s=args.history_interval, progress=progress)
     progress.close()
     mark_simulated(store, note)
-    _say(args, f"      {loaded.samples:,} samples, {loaded.events:,} XID events, "
+    nics = f"{loaded.nic_samples:,} NIC port samples, " if spec.nic_ports else ""
+    _say(args, f"      {loaded.samples:,} samples, {nics}{loaded.events:,} XID events, "
                f"{loaded.incidents:,} incidents in {time.monotonic() - t0:.0f} s")
 
     model = choose_model(args, store, spec.seed)
@@ -271,9 +279,13 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
         print("\nstopping", flush=True)
     finally:
         agent.stop()
-        agent_thread.join(10)
         server.should_exit = True
-        thread.join(10)
-        svc.stop()
+        svc.stop(timeout_s=STOP_TIMEOUT_S)
+        for t in (agent_thread, thread):
+            t.join(STOP_TIMEOUT_S)
+        busy = [t.name for t in (agent_thread, thread, *svc.threads) if t.is_alive()]
+        if busy:  # say which, instead of a silent wait (kill -USR1 shows their stacks)
+            log.warning("demo.stop_incomplete threads=%s still running after %.0f s",
+                        ",".join(busy), STOP_TIMEOUT_S)
         store.close()
     return 0

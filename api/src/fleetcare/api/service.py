@@ -243,10 +243,18 @@ class Service:
             t.start()
             self._threads.append(t)
 
+    @property
+    def threads(self) -> list[threading.Thread]:
+        """The ingest and scoring threads ``start`` began."""
+        return list(self._threads)
+
     def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop ingest and scoring; waits at most ``timeout_s`` in all for their threads
+        (a scoring run in progress finishes its DuckDB query first)."""
         self._stop.set()
         self._wake.set()
         if self.worker is not None:
             self.worker.stop()
+        deadline = time.monotonic() + timeout_s
         for t in self._threads:
-            t.join(timeout_s)
+            t.join(max(0.0, deadline - time.monotonic()))

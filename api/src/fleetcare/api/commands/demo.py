@@ -29,6 +29,10 @@ def add_parser(subparsers: Any) -> None:
     d.add_argument("--failure-scale", type=float, default=8.0,
                    help="failure-rate multiplier so a 64-node month has enough failures to "
                         "learn from (default 8; 1 = Llama 3's rates)")
+    d.add_argument("--nic-ports", type=int, default=0, metavar="N",
+                   help="InfiniBand ports per node to simulate (a DGX H100 has 8): NIC "
+                        "telemetry, link flaps and network failures with precursors "
+                        "(default 0: GPUs only)")
     d.add_argument("--history-interval", type=duration_type(), default="5m",
                    help="sample interval of the simulated history (default 5m, so the demo "
                         "fits in minutes on 2 cores; live telemetry streams at 60s)")
