@@ -52,6 +52,10 @@ def test_sentence_has_plain_name_unit_window_and_fleet_median():
         "(fleet median for A100: 0 °C)")
     assert sentence("ecc_corrected_24h", float("nan"), 0.0, "H100") == (
         "corrected ECC errors in 24 h not reported")
+    assert sentence("node_failure_hours_since", 30.0, 672.0, "H100") == (
+        "last failure of this node 30 h ago")
+    assert sentence("node_repair_hours_since", 672.0, 672.0, None) == (
+        "no repair of this node in 28 days")
     assert sentence("node_nic_flaps_24h", 3.0, 0.0, "H100") == (
         "3 InfiniBand link flaps on this node in 24 h (fleet median for H100: 0)")
     assert sentence("node_nic_rate_ratio_24h", 0.5, 1.0, "H100") == (

@@ -119,6 +119,14 @@ def test_lemon_history(store):
     assert (g0["gpu_failures_28d"], g0["node_failures_28d"], g0["node_repairs_28d"]) == (
         1.0, 1.0, 1.0)
     assert (g1["gpu_failures_28d"], g1["node_failures_28d"]) == (0.0, 1.0)
+    # issue 16 §3: how recently the node failed and was repaired (the 40-day-old failure
+    # is past the 28-day window); at(120) is 2 h after at(0)
+    for g in (g0, g1):
+        assert (g["node_failure_hours_since"], g["node_repair_hours_since"]) == (74.0, 50.0)
+    store.insert_sample_records(sample(m, node="n2", gpu="G2") for m in range(0, 120, 30))
+    features.refresh(store)
+    g2 = row(features.gpu_features(store, at(120), at(120)), at(120), "G2")
+    assert (g2["node_failure_hours_since"], g2["node_repair_hours_since"]) == (672.0, 672.0)
 
 
 def test_fleet_relative_and_node_aggregates(store):

@@ -265,6 +265,13 @@ def sentence(name: str, value: float, median: float | None, gpu_model: str | Non
         one, many = COUNTS.get(sig, (sig.replace("_", " "), sig.replace("_", " ")))
         return (f"{plural(value, one, many)} in the GPU's lifetime"
                 + _peers(median, gpu_model, None if median is None else human(median)))
+    if name in ("node_failure_hours_since", "node_repair_hours_since"):
+        what = "failure" if name == "node_failure_hours_since" else "repair"
+        cap = WINDOW_HOURS["28d"]
+        if value >= cap:
+            return f"no {what} of this node in 28 days"
+        return f"last {what} of this node {human(value)} h ago" + _peers(
+            median, gpu_model, None if median is None or median >= cap else f"{human(median)} h")
     m = _XID.match(name)
     if m and name.endswith("_hours_since"):
         cls = m.group(2)

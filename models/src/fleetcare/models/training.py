@@ -63,7 +63,7 @@ MODEL_DEFAULTS: dict[str, Any] = {
 
 _ERROR_STEMS = ("ecc_corrected", "ecc_uncorrected", "remapped_rows", "retired_pages",
                 "pcie_replay", "nvlink_crc", "nvlink_replay", "nvlink_recovery",
-                "nvlink_flaps")
+                "nvlink_flaps", "node_nic_flaps", "node_nic_link_errors", "node_nic_rcv_errors")
 _FAULT_FLAGS = ("remapped_rows_pending_now", "remapped_rows_failure_now",
                 "retired_pages_pending_now", "nvlink_links_down_now", "pcie_width_down_now",
                 "node_gpus_with_errors_24h")

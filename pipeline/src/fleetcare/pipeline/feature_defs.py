@@ -276,6 +276,13 @@ def _catalogue() -> list[FeatureDef]:
         FeatureDef("node_repairs_28d", "28d", "incidents",
                    f"repair and RMA incidents of this node in the previous {LEMON_DAYS} "
                    "days"),
+        FeatureDef("node_failure_hours_since", "28d", "h",
+                   f"hours since this node's last failure incident, {SINCE_CAP_H} if none "
+                   f"in {LEMON_DAYS} days (a node fails again soon after a failure more "
+                   "often than a node that has not failed: the recurrence model's signal)"),
+        FeatureDef("node_repair_hours_since", "28d", "h",
+                   f"hours since this node's last repair or RMA, {SINCE_CAP_H} if none in "
+                   f"{LEMON_DAYS} days"),
     ]
     for w in ("1h", "24h"):
         out.append(FeatureDef(

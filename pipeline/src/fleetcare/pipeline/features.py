@@ -268,7 +268,9 @@ lem AS (
   SELECT k.te, k.gpu_uuid,
     count(*) FILTER (WHERE i.kind = 'failure') AS node_failures_28d,
     count(*) FILTER (WHERE i.kind = 'failure' AND i.gpu_uuid = k.gpu_uuid) AS gpu_failures_28d,
-    count(*) FILTER (WHERE i.kind IN ('repair', 'rma')) AS node_repairs_28d
+    count(*) FILTER (WHERE i.kind IN ('repair', 'rma')) AS node_repairs_28d,
+    max(i.ts) FILTER (WHERE i.kind = 'failure') AS last_failure,
+    max(i.ts) FILTER (WHERE i.kind IN ('repair', 'rma')) AS last_repair
   FROM (SELECT DISTINCT te, node, gpu_uuid FROM tele) k
   JOIN incidents i ON i.node = k.node AND i.ts >= k.te - INTERVAL {LEMON_DAYS} DAY
                   AND i.ts < k.te
@@ -285,6 +287,10 @@ j2 AS (
     coalesce(lem.gpu_failures_28d, 0) AS gpu_failures_28d,
     coalesce(lem.node_failures_28d, 0) AS node_failures_28d,
     coalesce(lem.node_repairs_28d, 0) AS node_repairs_28d,
+    least({SINCE_CAP_H}, coalesce(epoch(j.te - lem.last_failure) / 3600.0, {SINCE_CAP_H}))
+      AS node_failure_hours_since,
+    least({SINCE_CAP_H}, coalesce(epoch(j.te - lem.last_repair) / 3600.0, {SINCE_CAP_H}))
+      AS node_repair_hours_since,
     {_nic_select()}
   FROM j
   LEFT JOIN nx ON nx.te = j.te AND nx.node = j.node
