@@ -81,6 +81,10 @@ def test_other_usage_errors(capsys) -> None:
         capsys, ["--backend", "sim", "--bus", "http://x"])
     assert "--nodes: only the sim backend" in usage_error(capsys, ["--backend", "nvml",
                                                                    "--nodes", "3"])
+    assert "--nic-ports: only the sim backend simulates NIC ports" in usage_error(
+        capsys, ["--backend", "infiniband", "--nic-ports", "8"])
+    assert "--nic-ports: 99 is not in 0..16" in usage_error(
+        capsys, ["--backend", "sim", "--nic-ports", "99"])
     assert usage_error(capsys, ["--backend", "sim", "--metrics-port", "x"]) == (
         "fleetcare-agent: error: config '--metrics-port' = 'x': expected int")
     assert "--metrics-port: port 70000" in usage_error(capsys, ["--backend", "sim",
@@ -98,6 +102,7 @@ def test_help_explains_every_option(capsys) -> None:
     out = capsys.readouterr().out
     for flag in ("--backend", "--bus", "--node", "--interval", "--config", "--metrics-port",
                  "--spool-dir", "--dcgm-url", "--kmsg-source", "--duration", "--nodes",
+                 "--nic-ports",
                  "--seed", "--json", "parse-kmsg", "parse-dcgm", "FLEETCARE_AGENT_"):
         assert flag in out
 
@@ -229,6 +234,24 @@ def test_sim_nodes_to_embedded_bus(tmp_path) -> None:
     assert summary["samples_read"] == summary["samples_sent"] == 24 * k
     events = [json.loads(line)["event"] for line in proc.stderr.splitlines()]
     assert events[0] == "agent.backend_opened" and events[-1] == "agent.stopped"
+
+
+def test_sim_nic_ports_send_a_nic_sample_per_port_and_tick(tmp_path) -> None:
+    bus = tmp_path / "bus"
+    proc = subprocess.run(
+        [AGENT, "--backend", "sim", "--nodes", "2", "--nic-ports", "4", "--interval", "1s",
+         "--duration", "2s", "--bus", f"embedded://{bus}", "--node", "ib", "--seed", "7",
+         "--metrics-port", "0", "--json"], capture_output=True, text=True, timeout=60,
+        env=CLEAN_ENV)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    batches = [b for _, b in read_embedded(bus)]
+    nics = [n for b in batches for n in b.nics]
+    assert summary["nics_sent"] == len(nics) == 4 * summary["samples_sent"] // 8 > 0
+    assert {(n.node, n.device) for n in nics} == {
+        (f"ib-{i}", f"mlx5_{p}") for i in range(2) for p in range(4)}
+    assert all(b.schema_version == 2 for b in batches if b.nics)
+    assert all(n.state == "ACTIVE" and n.rate_gbps == 400.0 for n in nics)
 
 
 def _wait_for_records(bus: Path, n: int, timeout_s: float = 30) -> None:

@@ -77,6 +77,7 @@ class AgentConfig(KafkaSecurityConfig):
     ib_root: str = "/sys/class/infiniband"
     nodes: int | None = None  # sim only
     seed: int | None = None  # sim only; default derived from the node name
+    nic_ports: int = 0  # sim only: InfiniBand ports per simulated node
     log_level: str = "info"
     xid: dict = field(default_factory=dict)  # [agent.xid] "94" = {fatal = true}
 
@@ -152,6 +153,8 @@ def build_parser() -> argparse.ArgumentParser:
     a("--nodes", metavar="N", help="sim only: simulate N nodes named <node>-0 .. <node>-(N-1) "
       "from this one process (default: one node named <node>)")
     a("--seed", metavar="S", help="sim only: random seed (default: derived from --node)")
+    a("--nic-ports", metavar="N", help="sim only: InfiniBand ports per simulated node, each "
+      "sending a NIC sample a tick as the infiniband backend does (default 0: none)")
     a("--log-level", metavar="LEVEL", help="debug, info, warning or error "
       f"(default {d.log_level})")
     a("--json", action="store_true", help="logs as JSON lines on stderr, and a JSON "
@@ -163,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 _FLAG_KEYS = ("bus", "node", "interval", "metrics_port", "metrics_host", "spool_dir",
               "spool_max_bytes", "topic_prefix", "dcgm_url", "kmsg_source", "ib_root", "duration",
-              "nodes", "seed", "log_level")
+              "nodes", "seed", "nic_ports", "log_level")
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, object]:
@@ -231,6 +234,15 @@ def resolve(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> S
             raise UsageError(where("nodes"), f"{cfg.nodes} must be at least 1")
     if cfg.seed is not None and "sim" not in names:
         raise UsageError(where("seed"), "only the sim backend takes a seed")
+    if cfg.nic_ports:
+        if "sim" not in names:
+            raise UsageError(where("nic_ports"), "only the sim backend simulates NIC ports "
+                             "(the infiniband backend reads the real ones): add --backend sim")
+        from fleetcare.collectors.sim.fleet import MAX_NIC_PORTS
+
+        if not 0 <= cfg.nic_ports <= MAX_NIC_PORTS:
+            raise UsageError(where("nic_ports"), f"{cfg.nic_ports} is not in "
+                             f"0..{MAX_NIC_PORTS}")
     if cfg.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR"):
         raise UsageError(where("log_level"), f"{cfg.log_level!r} is not one of debug, info, "
                          "warning, error")
@@ -328,14 +340,14 @@ class Watched:
         self.inner.close()
 
 
-def sim_backend(node: str, nodes: int | None, seed: int, now: dt.datetime
+def sim_backend(node: str, nodes: int | None, seed: int, now: dt.datetime, nic_ports: int = 0
                 ) -> tuple[GpuBackend, dict[str, str]]:
     """A ``SimBackend`` of ``nodes`` nodes (named ``<node>-i``; one named ``<node>`` when
     ``nodes`` is None) whose fleet started ``SIM_HISTORY_S`` before ``now``."""
     from fleetcare.collectors.sim import FleetSimulator, FleetSpec, SimBackend, simulate_incidents
 
     start = (now - dt.timedelta(seconds=SIM_HISTORY_S)).replace(microsecond=0)
-    spec = FleetSpec(nodes=nodes or 1, seed=seed, start=start)
+    spec = FleetSpec(nodes=nodes or 1, seed=seed, start=start, nic_ports=nic_ports)
     sim = FleetSimulator(spec, simulate_incidents(spec, days=SIM_PLAN_DAYS))
     names = sim.layout.node_names.tolist()
     rename = ({names[0]: node} if nodes is None
@@ -371,7 +383,8 @@ def open_backends(s: Settings, now: dt.datetime) -> list[Watched]:
             else:
                 seed = (s.config.seed if s.config.seed is not None
                         else zlib.crc32(s.node.encode()) & 0x7FFFFFFF)
-                backend, rename = sim_backend(s.node, s.config.nodes, seed, now)
+                backend, rename = sim_backend(s.node, s.config.nodes, seed, now,
+                                              s.config.nic_ports)
             opened.append(Watched(backend, s.catalog, rename))
             log.info("agent.backend_opened backend=%s node=%s", name, s.node)
     except BaseException:
