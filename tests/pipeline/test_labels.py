@@ -81,22 +81,3 @@ def test_failures_lists_the_range(store):
     store.insert_incidents([fail(1), fail(2, kind="repair"), fail(50)])
     out = labels.failures(store, T, T + dt.timedelta(hours=48)).to_pylist()
     assert [(r["node"], r["gpu_uuid"], r["mode"]) for r in out] == [("n1", "G0", "hbm")]
-
-
-def test_a_network_failure_labels_every_gpu_of_a_node_that_reports_nic_ports(store):
-    """Issue 16: a cable or NIC failure names no GPU; on a node whose NIC ports report
-    (so ``node_nic_*`` can see it coming) every GPU row is positive, elsewhere none is."""
-    from fleetcare.collectors.contract import NicSample
-
-    def net(node: str, cause: str, gpu: str | None = None) -> Incident:
-        return Incident(ts=(T + dt.timedelta(hours=5)).replace(tzinfo=dt.UTC), node=node,
-                        kind="failure", cause=cause, source="ops", gpu_uuid=gpu)
-
-    store.insert_nic_samples([NicSample(ts=T.replace(tzinfo=dt.UTC), node=n, device="mlx5_0",
-                                        port=1) for n in ("n1", "n3")])
-    store.insert_incidents([net("n1", "network_switch_cable"), net("n2", "nic"),
-                            net("n3", "power_supply")])
-    out = labels.attach_labels(store, keys((T, "n1", "G0"), (T, "n1", "G1"), (T, "n2", "G2"),
-                                           (T, "n3", "G3"))).to_pylist()
-    assert [(r["label"], r["node_label"]) for r in out] == [
-        (True, True), (True, True), (False, True), (False, True)]

@@ -7,10 +7,7 @@
   incidents automatically from fatal XIDs is a separate, later piece of work.
 - ``attach_labels(store, keys, horizon_h=24)``: for a table with at least
   (ts, node, gpu_uuid), returns it with added columns
-    label        bool   a failure blamed on this GPU within (ts, ts + H], or a network
-                        failure of the node (``NETWORK_CAUSES``, no GPU named) when the
-                        node reports NIC ports: the features that can see it
-                        (``node_nic_*``) are the same on each of its GPUs
+    label        bool   a failure blamed on this GPU within (ts, ts + H]
     node_label   bool   any failure of this node within (ts, ts + H]
     failure_ts   timestamp|null  the first such node failure
     failure_mode varchar|null    its mode ('hbm', 'thermal', ..., 'none')
@@ -25,16 +22,11 @@ from __future__ import annotations
 
 import datetime as dt
 
-import duckdb
 import pyarrow as pa
 
-from fleetcare.pipeline.store import Store, has_column
+from fleetcare.pipeline.store import Store
 
 FAILURE_KIND = "failure"
-NETWORK_CAUSES = ("network_switch_cable", "nic")
-"""Causes (Llama 3's Table 5 names) of node failures that NIC port telemetry can foresee:
-they label every GPU of a node that reports NIC ports. Without NIC telemetry nothing can
-see them coming, so there they stay unlabelled node failures, as before."""
 
 
 def _naive(ts: dt.datetime) -> dt.datetime:
@@ -65,12 +57,9 @@ def attach_labels(store: Store, keys: pa.Table, horizon_h: float = 24.0) -> pa.T
                               gpu_uuid AS _gpu FROM _fc_keys),
             f AS (SELECT ts, node, gpu_uuid, mode, cause FROM incidents
                   WHERE kind = '{FAILURE_KIND}'),
-            nic_nodes AS ({_nic_nodes_sql(cur)}),
             hits AS (
               SELECT k._row,
-                bool_or((f.gpu_uuid IS NOT NULL AND f.gpu_uuid = k._gpu)
-                        OR (f.gpu_uuid IS NULL AND f.cause IN {NETWORK_CAUSES!r}
-                            AND f.node IN (SELECT node FROM nic_nodes))) AS label,
+                bool_or(f.gpu_uuid IS NOT NULL AND f.gpu_uuid = k._gpu) AS label,
                 min(f.ts) AS failure_ts,
                 arg_min(coalesce(f.mode, 'none'), f.ts) AS failure_mode,
                 arg_min(f.cause, f.ts) AS failure_cause
@@ -89,15 +78,6 @@ def attach_labels(store: Store, keys: pa.Table, horizon_h: float = 24.0) -> pa.T
     for name in out.column_names:
         keys = keys.append_column(name, out.column(name))
     return keys
-
-
-def _nic_nodes_sql(cur: duckdb.DuckDBPyConnection) -> str:
-    """Nodes that report NIC ports: raw NIC samples, or their hourly rollup (it outlives
-    the raw rows retention prunes)."""
-    sql = "SELECT DISTINCT node FROM nic_telemetry"
-    if has_column(cur, "nic_hourly", "node"):
-        sql += " UNION SELECT DISTINCT node FROM nic_hourly"
-    return sql
 
 
 def failures(store: Store, start: dt.datetime, end: dt.datetime) -> pa.Table:
