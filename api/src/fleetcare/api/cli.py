@@ -96,6 +96,17 @@ def _plugins() -> dict[str, Any]:
     return found
 
 
+def _stacks_on_usr1() -> None:
+    """``kill -USR1 <pid>`` prints every thread's stack on stderr (a stuck ``serve``), when
+    stderr is a real file (not when a caller captured it in memory)."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, file=sys.stderr, all_threads=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -112,8 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"log format {log_format!r} ([cli] log_format, FLEETCARE_CLI_LOG_FORMAT) "
                      f"is not one of {', '.join(LOG_FORMATS)}")
     setup_logging(level, log_format)
-    if hasattr(signal, "SIGUSR1"):  # `kill -USR1 <pid>`: every thread's stack on stderr
-        faulthandler.register(signal.SIGUSR1, all_threads=True)
+    _stacks_on_usr1()
     from fleetcare.pipeline import store
 
     store.MEMORY_LIMIT = cfg.duckdb_memory
