@@ -132,3 +132,14 @@ def test_incidents_take_the_causes_ingest_takes(api):
     assert api.post("/v1/incidents", json=dict(INCIDENT, cause="unknown")).status_code in (200, 201)
     bad = api.post("/v1/incidents", json=dict(INCIDENT, cause="gremlins"))
     assert bad.status_code == 422
+
+
+def test_a_parameter_that_takes_one_value_given_twice_is_422(api):
+    """Schemathesis' negative run (derandomized) found ?gpu_model=a&gpu_model=b answered
+    200, the last value silently winning; list parameters (label) still repeat."""
+    r = api.get("/v1/drain-candidates?gpu_model=H100&gpu_model=A100")
+    assert r.status_code == 422, r.text
+    assert "'gpu_model' is given 2 times" in r.json()["message"]
+    assert api.get("/v1/risk?limit=2&limit=3").status_code == 422
+    r = api.get("/v1/risk?label=rack=r1&label=row=2&gpu_model=H100")
+    assert r.status_code == 200, r.text

@@ -130,19 +130,34 @@ async def _known_query_parameters(request: Request) -> None:
         raise invalid(["query", unknown[0]], f"unknown query parameter {unknown[0]!r}; "
                        f"{request.method} {path} takes: {takes}",
                        request.query_params.get(unknown[0]))
+    # one value for a parameter that takes one: ?gpu_model=a&gpu_model=b silently meaning
+    # "b" is as bad (only list parameters, e.g. label, repeat)
+    for name in dict.fromkeys(request.query_params.keys()):
+        values = request.query_params.getlist(name)
+        if len(values) > 1 and not known[name]:
+            raise invalid(["query", name], f"query parameter {name!r} is given "
+                          f"{len(values)} times; {request.method} {path} takes one value "
+                          "for it", values[-1])
 
 
-def _query_names(app: FastAPI, path: str, method: str) -> frozenset[str] | None:
-    """The query parameters the spec gives the operation (None: not in the spec), read
-    from ``app.openapi()`` once per operation: generating the spec showed up as a fifth
-    of the API's CPU under load."""
-    cache: dict[tuple[str, str], frozenset[str] | None] = app.state.query_names
+def _query_names(app: FastAPI, path: str, method: str) -> dict[str, bool] | None:
+    """The query parameters the spec gives the operation, each with whether it takes a
+    list (None: not in the spec), read from ``app.openapi()`` once per operation:
+    generating the spec showed up as a fifth of the API's CPU under load."""
+    cache: dict[tuple[str, str], dict[str, bool] | None] = app.state.query_names
     key = (path, method)
     if key not in cache:
         op = app.openapi().get("paths", {}).get(path, {}).get(method)
-        cache[key] = None if op is None else frozenset(
-            p["name"] for p in op.get("parameters", []) if p.get("in") == "query")
+        cache[key] = None if op is None else {
+            p["name"]: _is_list(p.get("schema", {}))
+            for p in op.get("parameters", []) if p.get("in") == "query"}
     return cache[key]
+
+
+def _is_list(schema: dict[str, Any]) -> bool:
+    if schema.get("type") == "array":
+        return True
+    return any(_is_list(s) for s in schema.get("anyOf", []) + schema.get("oneOf", []))
 
 
 def _route_check(route: Any) -> Any:
