@@ -13,8 +13,13 @@ import datetime as dt
 import numpy as np
 
 from fleetcare.collectors.backend import BackendError, Reading
-from fleetcare.collectors.sim.nics import nic_columns_to_samples
-from fleetcare.collectors.sim.telemetry import Chunk, FleetSimulator, chunk_to_samples
+from fleetcare.collectors.contract import NicSample
+from fleetcare.collectors.sim.telemetry import (
+    Chunk,
+    FleetSimulator,
+    chunk_to_samples,
+    columns_to_records,
+)
 
 FIRST_LOOKBACK_S = 60.0
 
@@ -54,7 +59,7 @@ class SimBackend:
             reading.incidents.extend(grp.incidents(prev, t))
             nics = grp.nic_step(np.array([t]))
             if nics is not None:
-                reading.nics.extend(nic_columns_to_samples(nics))
+                reading.nics.extend(columns_to_records(nics, NicSample))
         self._last = t
         return reading
 

@@ -40,9 +40,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fleetcare.collectors.contract import NIC_COUNTER_BITS, NicSample, nic_counter_max
+from fleetcare.collectors.contract import CAUSES, NIC_COUNTER_BITS, nic_counter_max
 from fleetcare.collectors.sim.incidents import (
-    CAUSE_NAMES,
     MODES,
     NETWORK_MODES,
     REFERENCE_NODE_DAYS,
@@ -65,13 +64,11 @@ FLAP_DOWN_S = (20.0, 0.8)
 FINAL_DOWN_S = 300.0
 SLOW_SHARE = 0.6
 LINK, NIC = MODES.index("link"), MODES.index("nic")
-_PRECURSOR_FAILURES = sum(
-    share * {"network_switch_cable": 35, "nic": 7}[cause]
-    for cause, (_, share) in NETWORK_MODES.items())
-"""Network failures with precursors in Llama 3's Table 5 (35 cable/switch, 7 NIC)."""
+_PRECURSOR_FAILURES = sum(share * CAUSES[cause][0]
+                          for cause, (_, share) in NETWORK_MODES.items())
+"""Network failures with precursors in Llama 3's Table 5 (``contract.CAUSES``' counts)."""
 NET_DECOY_SHARE = 0.6
 NET_DECOYS_PER_NODE_DAY = NET_DECOY_SHARE * _PRECURSOR_FAILURES / REFERENCE_NODE_DAYS
-assert {"network_switch_cable", "nic"} <= set(CAUSE_NAMES)
 
 
 @dataclass(frozen=True, eq=False)
@@ -305,13 +302,3 @@ class NicPorts:
             "saturated": saturated,
         }
 
-
-def nic_columns_to_samples(cols: dict[str, np.ndarray]) -> list[NicSample]:
-    """The rows of ``NicPorts.columns`` as ``NicSample`` objects (live backend, tests)."""
-    names = list(cols)
-    out = []
-    for row in zip(*(cols[k].tolist() for k in names), strict=True):
-        rec = dict(zip(names, row, strict=True))
-        rec["ts"] = rec["ts"].replace(tzinfo=dt.UTC)
-        out.append(NicSample(**rec))
-    return out

@@ -24,7 +24,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
+import msgspec
 import numpy as np
 
 from fleetcare.collectors.contract import GpuSample, Incident, XidEvent, utc
@@ -67,6 +69,7 @@ XID_MESSAGES = {
 # nvmlClocksEventReason* bits
 GPU_IDLE, SW_POWER_CAP, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x20, 0x40
 _EPOCH = np.datetime64("1970-01-01T00:00:00", "us")
+Rec = TypeVar("Rec", bound=msgspec.Struct)
 
 
 @dataclass(slots=True)
@@ -427,13 +430,17 @@ class FleetSimulator:
                 )
 
 
-_FIELDS = tuple(f.name for f in __import__("msgspec").structs.fields(GpuSample))
+def columns_to_records(cols: dict[str, np.ndarray], struct: type[Rec]) -> list[Rec]:
+    """The rows of columnar simulator output (``ts`` naive UTC) as ``struct`` objects,
+    keeping only ``struct``'s fields (slow path: tests, live backend)."""
+    fields = {f.name for f in msgspec.structs.fields(struct)}
+    lists = {k: v.tolist() for k, v in cols.items() if k in fields}
+    lists["ts"] = [t.replace(tzinfo=dt.UTC) for t in lists["ts"]]
+    names = list(lists)
+    return [struct(**dict(zip(names, row, strict=True)))
+            for row in zip(*lists.values(), strict=True)]
 
 
 def chunk_to_samples(chunk: Chunk) -> list[GpuSample]:
     """The chunk's rows as ``GpuSample`` objects (slow path: tests, live backend)."""
-    cols = {k: v.tolist() for k, v in chunk.samples.items() if k in _FIELDS}
-    cols["ts"] = [t.replace(tzinfo=dt.UTC) for t in cols["ts"]]
-    names = list(cols)
-    return [GpuSample(**dict(zip(names, row, strict=True)))
-            for row in zip(*cols.values(), strict=True)]
+    return columns_to_records(chunk.samples, GpuSample)
