@@ -22,94 +22,26 @@ Simulated data.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import sys
 import time
 from typing import Any
 
 import bench_fleet_pool as BP
-import numpy as np
 
-from fleetcare.collectors.xid import DEFAULT_CATALOG
+from fleetcare.models import event_replay as R
 from fleetcare.models import prior
-from fleetcare.models.evaluation import NodeScores
 from fleetcare.models.model import FailureModel
-from fleetcare.pipeline import features
-from fleetcare.pipeline.urgent import urgent_xid
-
-DELAY = np.timedelta64(60, "s")
-
-
-_UE = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate", "remapped_rows_uncorrectable",
-       "retired_pages_dbe")
-
-
-def telemetry_triggers(store: Any) -> list[tuple[dt.datetime, str]]:
-    """(ts, node) of every sample ``pipeline.urgent`` would call urgent, and every NIC
-    port leaving ACTIVE: its rules in SQL over the stored samples."""
-    lags = ", ".join(f"coalesce({c}, 0) AS {c}, lag(coalesce({c}, 0)) OVER w AS p_{c}"
-                     for c in _UE)
-    grew = " OR ".join(f"{c} > p_{c}" for c in _UE)
-    rows = store.cursor().execute(f"""
-        WITH s AS (
-          SELECT ts, node, {lags},
-            coalesce(remapped_rows_failure, false) AS rf,
-            lag(coalesce(remapped_rows_failure, false)) OVER w AS p_rf,
-            nvlink_down_mask AS dm, lag(nvlink_down_mask IGNORE NULLS) OVER w AS p_dm,
-            up_links, lag(up_links IGNORE NULLS) OVER w AS p_links
-          FROM (SELECT *, CASE WHEN nvlink_present & 1 = 1 THEN nvlink_links END AS up_links
-                FROM telemetry)
-          WINDOW w AS (PARTITION BY gpu_uuid ORDER BY ts))
-        SELECT DISTINCT ts, node FROM s
-        WHERE ({grew}) OR (rf AND p_rf = false)
-           OR (p_links = up_links AND bit_count(dm & ~p_dm) > 0)  -- a link up went down
-        UNION
-        SELECT ts, node FROM (
-          SELECT ts, node, state,
-            lag(state) OVER (PARTITION BY node, device, port ORDER BY ts) AS p_state
-          FROM nic_telemetry)
-        WHERE p_state = 'ACTIVE' AND state IS NOT NULL AND state <> 'ACTIVE'
-        """).fetchall()
-    return [(t, n) for t, n in rows]
 
 
 def event_scores(workdir: str, fleet: Any, fs: Any, model: FailureModel,
-                 triggers: str = "all") -> NodeScores:
+                 triggers: str = "all") -> Any:
     """One node score 60 s after each urgent XID (and, with ``triggers="all"``, each
-    telemetry trigger) of the fleet's scored period."""
-    t0 = fs.scores.ts.min()
-    ts_l, node_l, risk_l, label_l = [], [], [], []
-    fails: dict[str, list[np.datetime64]] = {}
-    for f in fs.failures:
-        fails.setdefault(f.node, []).append(f.ts.astype("datetime64[us]"))
+    telemetry trigger) of the fleet's scored period (``models.event_replay``)."""
     with prior.open_fleet(workdir, fleet, say=BP.say) as store:
-        rows = store.cursor().execute(
-            "SELECT DISTINCT ts, node, xid FROM xid_events ORDER BY ts").fetchall()
-        events = [(np.datetime64(t, "us"), n) for t, n, x in rows
-                  if urgent_xid(DEFAULT_CATALOG, int(x)) and np.datetime64(t, "us") >= t0]
-        n_xid = len(events)
-        if triggers == "all":
-            events += [(np.datetime64(t, "us"), n) for t, n in telemetry_triggers(store)
-                       if np.datetime64(t, "us") >= t0]
-        BP.say(f"{fleet.name}: {n_xid} urgent XIDs, {len(events) - n_xid} telemetry "
-               "triggers to score")
-        for at, node in sorted(set(events)):
-            when = (at + DELAY).astype(dt.datetime).replace(tzinfo=dt.UTC)
-            feats = features.latest_features(store, when)
-            mine = feats.filter(np.asarray(feats.column("node").to_pylist()) == node)
-            if mine.num_rows == 0:
-                continue
-            p = model.predict_proba(mine)[:, 1]
-            name = f"{fleet.name}/{node}"
-            t = at + DELAY
-            ts_l.append(t)
-            node_l.append(name)
-            risk_l.append(1.0 - float(np.prod(1.0 - np.clip(p, 0.0, 1.0))))
-            label_l.append(any(t < f <= t + np.timedelta64(24, "h") for f in fails.get(name, [])))
-    return NodeScores(np.array(ts_l, dtype="datetime64[us]"), np.array(node_l, dtype=object),
-                      np.array(risk_l), np.array(label_l, dtype=bool),
-                      np.ones(len(ts_l), dtype=bool))
+        events = R.triggers(store, fs.scores.ts.min(), triggers)
+        BP.say(f"{fleet.name}: {len(events)} events to score ({triggers})")
+        return R.event_scores(store, events, model, fs.failures, prefix=f"{fleet.name}/")
 
 
 def summary(m: dict[str, Any]) -> dict[str, Any]:
@@ -137,8 +69,7 @@ def main() -> int:
         fs = prior.score_fleet(rows, model)
         extra = event_scores(args.workdir, fleet, fs, model, args.triggers)
         n_events += len(extra.ts)
-        merged = NodeScores(*(np.concatenate([getattr(fs.scores, k), getattr(extra, k)])
-                              for k in ("ts", "node", "risk", "label", "known")))
+        merged = R.merged(fs.scores, extra)
         before.append(fs)
         after.append(prior.FleetScores(fs.name, merged, fs.failures, fs.node_days, fs.gpu_y,
                                        fs.gpu_p))

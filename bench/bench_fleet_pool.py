@@ -5,7 +5,9 @@
 Every fleet is simulated here (10-minute samples, fleetcare's simulator calibrated to
 Llama 3's Table 5), with seeds, sizes (96 to 512 nodes), lengths (30 to 60 days) and GPU
 mixes none of ``prior.TRAIN_FLEETS`` / ``prior.VALIDATION_FLEETS`` has, and scored by the
-prior over its whole time after a day of warm-up. Nothing is tuned on them: the prior's
+prior over its whole time after a day of warm-up, as ``fleetcare serve`` scores: on the
+hour and a minute after every urgent signal (``models.event_replay``; ``--hourly-only``
+for the hour alone; the hourly-only figures are printed beside). Nothing is tuned on them: the prior's
 operating threshold was fixed on its validation fleets (``fleet_prior.meta.json``), and
 the goodput decision is the cost model's break-even (drain when the expected saving
 exceeds the drain cost). Each figure is given per fleet (median and worst), pooled, and
@@ -36,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from fleetcare.models import baselines as B
+from fleetcare.models import event_replay as R
 from fleetcare.models import goodput_sim as G
 from fleetcare.models import metrics as M
 from fleetcare.models import prior
@@ -74,19 +77,32 @@ def _rule(fn: Any, store: Any, name: str, t0: dt.datetime, t1: dt.datetime) -> B
                         r.reason)
 
 
-def run_fleet(workdir: Path, fleet: SimFleet, model: FailureModel, threshold: float
+def run_fleet(workdir: Path, fleet: SimFleet, model: FailureModel, *, events: bool = True
               ) -> dict[str, Any]:
-    """One fleet: the prior's scores, the rules' alarms, the goodput runs."""
+    """One fleet: the prior's scores (on the hour and, with ``events``, a minute after
+    every urgent signal, as ``serve`` scores), the rules' alarms, the goodput runs."""
     rows = prior.fleet_rows(workdir, fleet, say=say)
     say(f"scoring {fleet.name}")
-    fs = prior.score_fleet(rows, model)
+    hourly = prior.score_fleet(rows, model)
+    fs = hourly
     t0 = fs.scores.ts.min().astype(dt.datetime).replace(tzinfo=dt.UTC)
     t1 = (fs.scores.ts.max() + np.timedelta64(3600, "s")).astype(dt.datetime).replace(
         tzinfo=dt.UTC)
     with prior.open_fleet(workdir, fleet, say=say) as store:
         rules = {r.name: r for r in (_rule(B.reactive_xid_from_store, store, fleet.name, t0, t1),
                                      _rule(B.dcgm_alarms, store, fleet.name, t0, t1))}
-    return {"scores": fs, "rules": rules, "start": np.datetime64(t0.replace(tzinfo=None), "us"),
+        n_events = 0
+        if events:
+            found = R.triggers(store, hourly.scores.ts.min())
+            n_events = len(found)
+            say(f"{fleet.name}: scoring {n_events} urgent signals")
+            extra = R.event_scores(store, found, model, hourly.failures,
+                                   prefix=f"{fleet.name}/")
+            fs = prior.FleetScores(hourly.name, R.merged(hourly.scores, extra),
+                                   hourly.failures, hourly.node_days, hourly.gpu_y,
+                                   hourly.gpu_p)
+    return {"scores": fs, "hourly": hourly, "events": n_events, "rules": rules,
+            "start": np.datetime64(t0.replace(tzinfo=None), "us"),
             "end": np.datetime64(t1.replace(tzinfo=None), "us"), "fleet": fleet}
 
 
@@ -132,6 +148,7 @@ def summarise(runs: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
             "detected_by_mode")}
     pool = prior.pooled([r["scores"] for r in runs])
     at = prior.metrics_of(pool, threshold=threshold)
+    hourly = prior.metrics_of(prior.pooled([r["hourly"] for r in runs]), threshold=threshold)
     oracle = prior.metrics_of(pool, max_candidates=prior.THRESHOLD_CANDIDATES)
     rules = {}
     for name in ("reactive_xid", "dcgm_thresholds"):
@@ -170,6 +187,10 @@ def summarise(runs: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
                    "median_lead_time_h": at["median_lead_time_h"],
                    "recall_by_mode": at["recall_by_mode"], "detected_by_mode":
                    at["detected_by_mode"]},
+        "event_scores": sum(r["events"] for r in runs),
+        "pooled_hourly_only": {k: hourly[k] for k in (
+            "precursor_recall_at_budget", "false_drains_per_1000_node_days",
+            "median_lead_time_h", "detected_by_mode")},
         "pooled_best_threshold_for_reference": {
             "threshold": oracle["threshold"],
             "precursor_recall_at_budget": oracle["precursor_recall_at_budget"],
@@ -251,6 +272,9 @@ def main() -> int:
     ap.add_argument("--only", choices=sorted(GROUPS) + ["compare"], action="append",
                     help="run only these groups (default x4, home, real; compare: the prior "
                          "against the fleet's own, recalibrated and fine-tuned models)")
+    ap.add_argument("--hourly-only", action="store_true",
+                    help="score on the hour only (default: also a minute after every urgent "
+                         "signal, as `fleetcare serve` does; both figures are printed)")
     args = ap.parse_args()
     t0 = time.perf_counter()
     blob, meta = prior.load()
@@ -260,12 +284,13 @@ def main() -> int:
     groups = args.only or ["x4", "home", "real"]
     out: dict[str, Any] = {"bench": "fleet_pool", "data": "simulated",
                            "prior": prior.prior_id(blob), "threshold": threshold,
+                           "scored": "hourly" if args.hourly_only else "hourly and events",
                            "window_h": WINDOW_H, "budget": "1 false drain / 1,000 node-days"}
     for g in groups:
         if g == "compare":
             out[g] = compare(workdir, POOL_X4 + POOL_REAL, model)
             continue
-        runs = [run_fleet(workdir, f, model, threshold) for f in GROUPS[g]]
+        runs = [run_fleet(workdir, f, model, events=not args.hourly_only) for f in GROUPS[g]]
         out[g] = summarise(runs, threshold)
     targets = {}
     if "x4" in out:

@@ -15,18 +15,21 @@ from fleetcare.pipeline.store import Store
 
 TINY_TRAIN = (SimFleet("ta", 12, 8, 91, "H100", 40), SimFleet("tb", 12, 8, 93, "A100", 40))
 TINY_VALIDATION = (SimFleet("va", 12, 8, 92, "H200", 40),)
+TINY_X4 = (SimFleet("vb", 12, 8, 92, "H200", 160),)
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     work = tmp_path_factory.mktemp("prior")
-    model, meta = prior.build(work, train_fleets=TINY_TRAIN, validation_fleets=TINY_VALIDATION)
+    model, meta = prior.build(work, train_fleets=TINY_TRAIN, validation_fleets=TINY_VALIDATION,
+                              validation_x4=TINY_X4)
     return work, model, meta
 
 
 def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
     work, model, meta = tiny
-    again, meta2 = prior.build(work, train_fleets=TINY_TRAIN, validation_fleets=TINY_VALIDATION)
+    again, meta2 = prior.build(work, train_fleets=TINY_TRAIN, validation_fleets=TINY_VALIDATION,
+                               validation_x4=TINY_X4)
     assert again.to_bytes() == model.to_bytes()        # same code, same stores, same bytes
     assert {f["name"] for f in meta["train_fleets"]} == {"ta", "tb"}
     assert meta["validation_fleets"][0]["seed"] == 92
@@ -40,7 +43,14 @@ def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
     assert meta["operating_budget"] == prior.OPERATING_BUDGET
     assert v["false_drains_allowed"] == int(v["node_days"] * prior.OPERATING_BUDGET / 1000)
     assert v["false_drains"] is None or v["false_drains"] <= v["false_drains_allowed"]
-    assert meta["threshold"] == meta["validation"]["threshold"]
+    # ... and the x4 fleets' share of it: the higher of the two thresholds operates
+    x4 = meta["validation_x4"]
+    assert meta["x4_budget"] == prior.X4_BUDGET
+    assert x4["false_drains_allowed"] == int(x4["node_days"] * prior.X4_BUDGET / 1000)
+    assert meta["threshold"] == max(t for t in (v["threshold"], x4["threshold"])
+                                    if t is not None)
+    assert meta["validation_x4_fleets"][0]["failure_scale"] == 160
+    assert meta["validation_scores"] == "hourly and events"
     assert "simulated" in meta["data"]
     path = prior.write(model, meta, tmp_path)
     assert FailureModel.from_bytes(path.read_bytes()).to_bytes() == model.to_bytes()
@@ -94,3 +104,49 @@ def test_a_fleet_model_replaces_the_prior_only_by_beating_it(tiny, tmp_path):
         assert "forced" in registry.current(store).current_reason
     finally:
         store.close()
+
+
+def test_validation_scores_add_a_score_a_minute_after_each_urgent_signal(tiny):
+    from fleetcare.models import event_replay as R
+
+    work, model, _ = tiny
+    fleet = TINY_X4[0]
+    hourly = prior.score_fleet(prior.fleet_rows(work, fleet), model)
+    both = prior.validation_scores(work, TINY_X4, model)
+    with prior.open_fleet(work, fleet) as store:
+        events = R.triggers(store, hourly.scores.ts.min())
+    assert len(events) >= 5, "the fleet needs urgent signals to replay"
+    extra = len(both.scores.ts) - len(hourly.scores.ts)
+    assert 0 < extra <= len(events)
+    off_hour = both.scores.ts[both.scores.ts.astype("datetime64[h]") != both.scores.ts]
+    assert len(off_hour) == extra
+    want = {(t + R.DELAY, f"{fleet.name}/{n}") for t, n in events}
+    got = set(zip(off_hour.tolist(), both.scores.node[-extra:].tolist(), strict=True))
+    assert {(np.datetime64(t, "us"), n) for t, n in got} <= want
+    assert both.node_days == hourly.node_days and len(both.failures) == len(hourly.failures)
+
+
+def test_the_operating_threshold_holds_the_x4_share_of_the_budget(tiny):
+    work, model, meta = tiny
+    low = prior.operating_threshold(work, model, {"validation": {"threshold": 0.0}}, TINY_X4)
+    x4 = low["validation_x4"]
+    assert low["threshold"] == x4["threshold"] > 0.0       # raised to what x4 needs
+    at = low["validation_x4_at_threshold"]
+    assert at["false_drains"] is None or at["false_drains"] <= x4["false_drains_allowed"]
+    high = prior.operating_threshold(work, model, {"validation": {"threshold": 1.5}}, TINY_X4)
+    assert high["threshold"] == 1.5                        # never lowered
+
+
+def test_threshold_command_rewrites_only_the_meta(tiny, tmp_path, monkeypatch, capsys):
+    import json
+
+    work, model, meta = tiny
+    monkeypatch.setattr(prior, "load", lambda: (model.to_bytes(), meta))
+    monkeypatch.setattr(prior, "VALIDATION_X4_FLEETS", TINY_X4)
+    assert prior.main(["threshold", "--workdir", str(work), "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    written = json.loads((tmp_path / prior.META_FILE).read_text())
+    assert written["threshold"] == out["threshold"] == meta["threshold"]
+    assert written["features"] == meta["features"] and "threshold_s" in written
+    assert not (tmp_path / prior.MODEL_FILE).exists()
+    assert out["prior_id"] == prior.prior_id(model.to_bytes())

@@ -1,38 +1,23 @@
-"""The event-scoring bench replays ``serve``'s urgent rules in SQL over the stored samples
-(``bench/bench_event_scoring.telemetry_triggers``); over a simulated fleet with failures
+"""The evaluation's replay of ``serve``'s urgent rules in SQL over the stored samples
+(``fleetcare.models.event_replay.telemetry_triggers``, which the event-scoring bench and
+the prior's operating threshold use); over a simulated fleet with failures
 it names the same (time, node) pairs that ``UrgentSignals`` names when the same samples
 arrive one tick at a time. Simulated data."""
 
 from __future__ import annotations
 
 import datetime as dt
-import importlib.util
-import sys
 from collections import defaultdict
-from pathlib import Path
 
 from fleetcare.collectors.contract import SCHEMA_VERSION, Batch
 from fleetcare.collectors.sim import FleetSpec, simulate_incidents
 from fleetcare.collectors.sim.telemetry import FleetSimulator, chunk_to_samples
+from fleetcare.models.event_replay import telemetry_triggers
 from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.urgent import UrgentSignals
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
 
-
-def _bench_module():
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec = importlib.util.spec_from_file_location("bench_event_scoring",
-                                                      BENCH / "bench_event_scoring.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-        return mod
-    finally:
-        sys.path.remove(str(BENCH))
-
-
-def test_the_bench_sql_names_what_urgent_signals_name(tmp_path):
+def test_the_replay_sql_names_what_urgent_signals_name(tmp_path):
     spec = FleetSpec(nodes=64, seed=7, failure_scale=40)  # HBM, SRAM, NVLink failures
     days = 6
     sim = FleetSimulator(spec, simulate_incidents(spec, days + 1))
@@ -49,6 +34,6 @@ def test_the_bench_sql_names_what_urgent_signals_name(tmp_path):
                           samples=samples)
             if signals.observe([batch]):
                 expected.add((ts.replace(tzinfo=None), node))
-        got = set(_bench_module().telemetry_triggers(store))
+        got = set(telemetry_triggers(store))
     assert len(expected) >= 5, "the fleet needs failures with precursors to compare"
     assert got == expected
