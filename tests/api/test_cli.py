@@ -496,7 +496,13 @@ def test_the_demo_says_why_its_figures_differ_from_the_readme() -> None:
     from fleetcare.api.demo import why_figures_differ
 
     m = {"node_days": 390.2, "false_drains_allowed": 0}
-    line = why_figures_differ(m, "prior", 8.0)
+    x4 = {"validation_x4_fleets": [{"failure_scale": 4}]}
+    line = why_figures_differ(m, "prior", 8.0, x4)
     assert "390 node-days allow 0 false drains" in line and "x8 the published rates" in line
+    assert "chosen on validation fleets at x1/x4" in line and "more look-alikes" in line
+    line = why_figures_differ(m, "prior", 4.0, x4)
+    assert "x4 the published rates" in line and "more look-alikes" not in line
+    line = why_figures_differ(m, "prior", 8.0, {})
+    assert "at x1;" in line
     line = why_figures_differ({"node_days": 1500.0, "false_drains_allowed": 1}, "fleet", 8.0)
     assert "allow 1 false drain at" in line and "published rates" not in line

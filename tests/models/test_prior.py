@@ -50,7 +50,7 @@ def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
     assert meta["threshold"] == max(t for t in (v["threshold"], x4["threshold"])
                                     if t is not None)
     assert meta["validation_x4_fleets"][0]["failure_scale"] == 160
-    assert meta["validation_scores"] == "hourly and events"
+    assert meta["validation_scores"] == meta["validation_x4_scores"] == "hourly"
     assert "simulated" in meta["data"]
     path = prior.write(model, meta, tmp_path)
     assert FailureModel.from_bytes(path.read_bytes()).to_bytes() == model.to_bytes()
@@ -112,7 +112,8 @@ def test_validation_scores_add_a_score_a_minute_after_each_urgent_signal(tiny):
     work, model, _ = tiny
     fleet = TINY_X4[0]
     hourly = prior.score_fleet(prior.fleet_rows(work, fleet), model)
-    both = prior.validation_scores(work, TINY_X4, model)
+    assert prior.validation_scores(work, TINY_X4, model).scores.ts.size == hourly.scores.ts.size
+    both = prior.validation_scores(work, TINY_X4, model, events=True)
     with prior.open_fleet(work, fleet) as store:
         events = R.triggers(store, hourly.scores.ts.min())
     assert len(events) >= 5, "the fleet needs urgent signals to replay"
@@ -133,8 +134,10 @@ def test_the_operating_threshold_holds_the_x4_share_of_the_budget(tiny):
     assert low["threshold"] == x4["threshold"] > 0.0       # raised to what x4 needs
     at = low["validation_x4_at_threshold"]
     assert at["false_drains"] is None or at["false_drains"] <= x4["false_drains_allowed"]
-    high = prior.operating_threshold(work, model, {"validation": {"threshold": 1.5}}, TINY_X4)
+    high = prior.operating_threshold(work, model, {"validation": {"threshold": 1.5}}, TINY_X4,
+                                     events=True)
     assert high["threshold"] == 1.5                        # never lowered
+    assert high["validation_x4_scores"] == "hourly and events"
 
 
 def test_threshold_command_rewrites_only_the_meta(tiny, tmp_path, monkeypatch, capsys):

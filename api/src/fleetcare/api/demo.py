@@ -103,18 +103,32 @@ def choose_model(args: argparse.Namespace, store: Store, seed: int) -> dict[str,
             "test_period": [split.test_start.isoformat(), split.end.isoformat()], **m}
 
 
-def why_figures_differ(m: dict[str, Any], origin: str, failure_scale: float) -> str:
+def why_figures_differ(m: dict[str, Any], origin: str, failure_scale: float,
+                       prior_meta: dict[str, Any] | None = None) -> str:
     """Why the demo's figures are not the README's (issue 12): a small fleet's budget, and
-    for the prior, failure rates other than the published ones it was thresholded at."""
+    for the prior, failure rates other than those its threshold was chosen at
+    (``prior_meta``: the shipped prior's meta, read when not given)."""
     allowed = m.get("false_drains_allowed") or 0
     out = (f"why these differ from the README's: {m['node_days']:.0f} node-days allow "
            f"{allowed} false drain{'' if allowed == 1 else 's'} at the budget, so recall here "
            "is what the model catches above its single highest false alarm; the README pools "
            "15 fleets (46,728 node-days at x4, 95,047 at x1)")
     if origin == "prior" and failure_scale != 1:
-        out += (f", and this fleet fails at x{failure_scale:g} the published rates, where the "
-                "prior (thresholded at x1) raises more false alarms (README: 1.3 per 1,000 "
-                "node-days at x4)")
+        if prior_meta is None:
+            from fleetcare.models import prior
+
+            try:
+                prior_meta = prior.load()[1]
+            except FileNotFoundError:
+                prior_meta = {}
+        scales = [1.0] + [float(f["failure_scale"])
+                          for f in prior_meta.get("validation_x4_fleets", [])[:1]]
+        at = "/".join(f"x{s:g}" for s in scales)
+        out += (f", and this fleet fails at x{failure_scale:g} the published rates (the prior's "
+                f"threshold was chosen on validation fleets at {at}")
+        if failure_scale > max(scales):
+            out += "; more look-alikes per node-day than there raise more false alarms"
+        out += ")"
     return out
 
 

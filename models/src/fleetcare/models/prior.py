@@ -8,9 +8,9 @@ precursor. Engine makers learn across every customer's engines; the prior learns
 (failure scale 1, every mode of Llama 3's Table 5), and is checked on ``VALIDATION_FLEETS``
 (other seeds), which also fix its operating threshold: the lowest that holds
 ``OPERATING_BUDGET`` false drains there and ``X4_BUDGET`` on ``VALIDATION_X4_FLEETS`` (the
-same layouts with every rate x4, so four times the look-alikes), both scored as ``serve``
-scores, on the hour and after every urgent signal (``operating_threshold``). None of them
-is in ``bench/bench_fleet_pool.py``'s pool.
+same layouts with every rate x4, so four times the look-alikes; ``operating_threshold``),
+scored on the hour (``--events``: also after every urgent signal, as ``serve`` scores).
+None of them is in ``bench/bench_fleet_pool.py``'s pool.
 
 The build fits twice: a first model on the fleets' rows with healthy rows sampled at
 ``NEGATIVES``, then the prior on the same rows plus, kept whole, the ``HARD_NEGATIVES``
@@ -335,7 +335,7 @@ def metrics_of(f: FleetScores, *, window_h: float = M.WINDOW_H, every_s: int = 3
 def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
           train_fleets: Sequence[SimFleet] = TRAIN_FLEETS,
           validation_fleets: Sequence[SimFleet] = VALIDATION_FLEETS,
-          validation_x4: Sequence[SimFleet] = VALIDATION_X4_FLEETS,
+          validation_x4: Sequence[SimFleet] = VALIDATION_X4_FLEETS, events: bool = False,
           say: Progress | None = None) -> tuple[FailureModel, dict[str, Any]]:
     """Simulate (or reuse) the fleets, train, validate; returns the model and its meta."""
     say = say or (lambda _m: None)
@@ -355,7 +355,8 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
         say(f"{stage} stage: fitting on {train.num_rows} rows")
         model = fit(train, cal, horizon_h=horizon_h, seed=seed)
     assert model is not None
-    val = validation_scores(workdir, validation_fleets, model, horizon_h=horizon_h, say=say)
+    val = validation_scores(workdir, validation_fleets, model, events=events,
+                            horizon_h=horizon_h, say=say)
     chosen = metrics_of(val, budget=OPERATING_BUDGET, max_candidates=THRESHOLD_CANDIDATES)
     meta = {
         "format": 1,
@@ -372,29 +373,35 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
         "features": list(model.feature_names_in_),
         "threshold": chosen.get("threshold"),
         "validation": chosen,
-        "validation_scores": "hourly and events",
+        "validation_scores": "hourly and events" if events else "hourly",
         "build_s": round(time.perf_counter() - t0),
     }
     if validation_x4:
-        meta.update(operating_threshold(workdir, model, meta, validation_x4, say=say))
+        meta.update(operating_threshold(workdir, model, meta, validation_x4, events=events,
+                                        say=say))
     return model, meta
 
 
 def validation_scores(workdir: str | Path, fleets: Sequence[SimFleet], model: FailureModel,
-                      *, horizon_h: float = 24.0, say: Progress | None = None) -> FleetScores:
-    """The fleets' node risks pooled, scored as ``serve`` scores: on the hour, and a minute
-    after every urgent signal (``event_replay``)."""
+                      *, events: bool = False, horizon_h: float = 24.0,
+                      say: Progress | None = None) -> FleetScores:
+    """The fleets' node risks pooled, scored on the hour and, with ``events``, also a
+    minute after every urgent signal as ``serve`` scores (``event_replay``: one live
+    feature build per signal, about 1-2 s each here, some 800 per x4 validation fleet)."""
     from fleetcare.models import event_replay as R
 
     out = []
     for f in fleets:
         fs = score_fleet(fleet_rows(workdir, f, horizon_h=horizon_h, say=say), model,
                          horizon_h=horizon_h)
+        if not events:
+            out.append(fs)
+            continue
         with open_fleet(workdir, f, say=say) as store:
-            events = R.triggers(store, fs.scores.ts.min())
+            found = R.triggers(store, fs.scores.ts.min())
             if say is not None:
-                say(f"{f.name}: scoring {len(events)} urgent signals")
-            extra = R.event_scores(store, events, model, fs.failures, prefix=f"{f.name}/",
+                say(f"{f.name}: scoring {len(found)} urgent signals")
+            extra = R.event_scores(store, found, model, fs.failures, prefix=f"{f.name}/",
                                    horizon_h=horizon_h)
         out.append(FleetScores(fs.name, R.merged(fs.scores, extra), fs.failures, fs.node_days,
                                fs.gpu_y, fs.gpu_p))
@@ -403,14 +410,15 @@ def validation_scores(workdir: str | Path, fleets: Sequence[SimFleet], model: Fa
 
 def operating_threshold(workdir: str | Path, model: FailureModel, meta: dict[str, Any],
                         fleets: Sequence[SimFleet] = VALIDATION_X4_FLEETS, *,
-                        horizon_h: float = 24.0, say: Progress | None = None
-                        ) -> dict[str, Any]:
+                        events: bool = False, horizon_h: float = 24.0,
+                        say: Progress | None = None) -> dict[str, Any]:
     """The meta's operating threshold raised, where needed, to the lowest that keeps
     ``X4_BUDGET`` false drains per 1,000 node-days on the x4 validation ``fleets`` (hourly
-    and event scores): the threshold chosen at published rates (``meta["validation"]``)
-    holds a quarter of the budget there, but not the budget where look-alikes are four
-    times as common. Returns the meta keys to update."""
-    val = validation_scores(workdir, fleets, model, horizon_h=horizon_h, say=say)
+    scores, and with ``events`` the event scores too): the threshold chosen at published
+    rates (``meta["validation"]``) holds a quarter of the budget there, but not the budget
+    where look-alikes are four times as common. Returns the meta keys to update."""
+    val = validation_scores(workdir, fleets, model, events=events, horizon_h=horizon_h,
+                            say=say)
     x4 = metrics_of(val, budget=X4_BUDGET, max_candidates=THRESHOLD_CANDIDATES)
     x1_thr = meta["validation"].get("threshold")
     cands = [t for t in (x1_thr, x4.get("threshold")) if t is not None]
@@ -420,6 +428,7 @@ def operating_threshold(workdir: str | Path, model: FailureModel, meta: dict[str
             "false_drains_per_1000_node_days", "precursor_recall_at_budget",
             "recall_at_budget", "median_lead_time_h", "pr_auc", "base_rate")
     return {"threshold": threshold, "x4_budget": X4_BUDGET,
+            "validation_x4_scores": "hourly and events" if events else "hourly",
             "validation_x4_fleets": [asdict(f) for f in fleets],
             "validation_x4": {k: x4.get(k) for k in keep},
             "validation_x4_at_threshold": {k: at.get(k) for k in keep}}
@@ -494,6 +503,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "(reused when present)")
     t.add_argument("--out", default=None, help="folder to write the meta to (default: the "
                    "package)")
+    for p in (b, t):
+        p.add_argument("--events", action="store_true", help="validate on event scores too "
+                       "(a minute after every urgent signal, as serve scores; about 1-2 s "
+                       "per signal, ~30 min per x4 validation fleet here)")
     args = ap.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s", stream=sys.stderr)
 
@@ -506,7 +519,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         model = FailureModel.from_bytes(blob)
         t0 = time.perf_counter()
         meta = {**meta, **operating_threshold(args.workdir, model, meta,
-                                              VALIDATION_X4_FLEETS, say=say),
+                                              VALIDATION_X4_FLEETS, events=args.events,
+                                              say=say),
                 "threshold_s": round(time.perf_counter() - t0)}
         folder.mkdir(parents=True, exist_ok=True)
         (folder / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
@@ -514,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                           "validation_x4": meta["validation_x4"],
                           "validation_x4_at_threshold": meta["validation_x4_at_threshold"]}))
         return 0
-    model, meta = build(args.workdir, say=say)
+    model, meta = build(args.workdir, events=args.events, say=say)
     path = write(model, meta, folder)
     print(json.dumps({"model": str(path), "prior_id": prior_id(model.to_bytes()),
                       "validation": meta["validation"], "build_s": meta["build_s"]}))
