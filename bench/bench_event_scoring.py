@@ -29,19 +29,8 @@ from typing import Any
 
 import bench_fleet_pool as BP
 
-from fleetcare.models import event_replay as R
 from fleetcare.models import prior
 from fleetcare.models.model import FailureModel
-
-
-def event_scores(workdir: str, fleet: Any, fs: Any, model: FailureModel,
-                 triggers: str = "all") -> Any:
-    """One node score 60 s after each urgent XID (and, with ``triggers="all"``, each
-    telemetry trigger) of the fleet's scored period (``models.event_replay``)."""
-    with prior.open_fleet(workdir, fleet, say=BP.say) as store:
-        events = R.triggers(store, fs.scores.ts.min(), triggers)
-        BP.say(f"{fleet.name}: {len(events)} events to score ({triggers})")
-        return R.event_scores(store, events, model, fs.failures, prefix=f"{fleet.name}/")
 
 
 def summary(m: dict[str, Any]) -> dict[str, Any]:
@@ -67,12 +56,11 @@ def main() -> int:
     for fleet in BP.GROUPS[args.only]:
         rows = prior.fleet_rows(args.workdir, fleet, say=BP.say)
         fs = prior.score_fleet(rows, model)
-        extra = event_scores(args.workdir, fleet, fs, model, args.triggers)
-        n_events += len(extra.ts)
-        merged = R.merged(fs.scores, extra)
+        with prior.open_fleet(args.workdir, fleet, say=BP.say) as store:
+            both = prior.with_event_scores(store, fs, model, which=args.triggers, say=BP.say)
+        n_events += len(both.scores.ts) - len(fs.scores.ts)
         before.append(fs)
-        after.append(prior.FleetScores(fs.name, merged, fs.failures, fs.node_days, fs.gpu_y,
-                                       fs.gpu_p))
+        after.append(both)
         del rows
     hourly = prior.metrics_of(prior.pooled(before), threshold=threshold)
     events = prior.metrics_of(prior.pooled(after), threshold=threshold)

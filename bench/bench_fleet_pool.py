@@ -6,9 +6,9 @@ Every fleet is simulated here (10-minute samples, fleetcare's simulator calibrat
 Llama 3's Table 5), with seeds, sizes (96 to 512 nodes), lengths (30 to 60 days) and GPU
 mixes none of ``prior.TRAIN_FLEETS`` / ``prior.VALIDATION_FLEETS`` has, and scored by the
 prior over its whole time after a day of warm-up, on the hour (``--events``: also a minute
-after every urgent signal, as ``fleetcare serve`` scores, ``models.event_replay``; the
-hourly-only figures are then printed beside; about 1-2 s per signal here). Nothing is tuned on them: the prior's
-operating threshold was fixed on its validation fleets (``fleet_prior.meta.json``), and
+after every urgent signal, as ``fleetcare serve`` scores, ``prior.with_event_scores``; the
+hourly-only figures are then printed beside; about 1-2 s per signal here). Nothing is
+tuned on them: the prior's operating threshold was fixed on its validation fleets (``fleet_prior.meta.json``), and
 the goodput decision is the cost model's break-even (drain when the expected saving
 exceeds the drain cost). Each figure is given per fleet (median and worst), pooled, and
 with a 95 % interval where failures are few.
@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 
 from fleetcare.models import baselines as B
-from fleetcare.models import event_replay as R
 from fleetcare.models import goodput_sim as G
 from fleetcare.models import metrics as M
 from fleetcare.models import prior
@@ -91,17 +90,10 @@ def run_fleet(workdir: Path, fleet: SimFleet, model: FailureModel, *, events: bo
     with prior.open_fleet(workdir, fleet, say=say) as store:
         rules = {r.name: r for r in (_rule(B.reactive_xid_from_store, store, fleet.name, t0, t1),
                                      _rule(B.dcgm_alarms, store, fleet.name, t0, t1))}
-        n_events = 0
         if events:
-            found = R.triggers(store, hourly.scores.ts.min())
-            n_events = len(found)
-            say(f"{fleet.name}: scoring {n_events} urgent signals")
-            extra = R.event_scores(store, found, model, hourly.failures,
-                                   prefix=f"{fleet.name}/")
-            fs = prior.FleetScores(hourly.name, R.merged(hourly.scores, extra),
-                                   hourly.failures, hourly.node_days, hourly.gpu_y,
-                                   hourly.gpu_p)
-    return {"scores": fs, "hourly": hourly, "events": n_events, "rules": rules,
+            fs = prior.with_event_scores(store, hourly, model, say=say)
+    return {"scores": fs, "hourly": hourly, "events": len(fs.scores.ts) - len(hourly.scores.ts),
+            "rules": rules,
             "start": np.datetime64(t0.replace(tzinfo=None), "us"),
             "end": np.datetime64(t1.replace(tzinfo=None), "us"), "fleet": fleet}
 

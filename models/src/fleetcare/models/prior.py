@@ -386,26 +386,33 @@ def validation_scores(workdir: str | Path, fleets: Sequence[SimFleet], model: Fa
                       *, events: bool = False, horizon_h: float = 24.0,
                       say: Progress | None = None) -> FleetScores:
     """The fleets' node risks pooled, scored on the hour and, with ``events``, also a
-    minute after every urgent signal as ``serve`` scores (``event_replay``: one live
-    feature build per signal, about 1-2 s each here, some 800 per x4 validation fleet)."""
-    from fleetcare.models import event_replay as R
-
+    minute after every urgent signal as ``serve`` scores (``with_event_scores``)."""
     out = []
     for f in fleets:
         fs = score_fleet(fleet_rows(workdir, f, horizon_h=horizon_h, say=say), model,
                          horizon_h=horizon_h)
-        if not events:
-            out.append(fs)
-            continue
-        with open_fleet(workdir, f, say=say) as store:
-            found = R.triggers(store, fs.scores.ts.min())
-            if say is not None:
-                say(f"{f.name}: scoring {len(found)} urgent signals")
-            extra = R.event_scores(store, found, model, fs.failures, prefix=f"{f.name}/",
-                                   horizon_h=horizon_h)
-        out.append(FleetScores(fs.name, R.merged(fs.scores, extra), fs.failures, fs.node_days,
-                               fs.gpu_y, fs.gpu_p))
+        if events:
+            with open_fleet(workdir, f, say=say) as store:
+                fs = with_event_scores(store, fs, model, horizon_h=horizon_h, say=say)
+        out.append(fs)
     return pooled(out)
+
+
+def with_event_scores(store: Store, fs: FleetScores, model: FailureModel, *,
+                      which: str = "all", horizon_h: float = 24.0,
+                      say: Progress | None = None) -> FleetScores:
+    """``fs`` (a fleet's hourly scores) with a score a minute after every urgent signal
+    of its scored period added (``event_replay``: one live feature build per signal,
+    about 1-2 s each here, some 800 per x4 validation fleet)."""
+    from fleetcare.models import event_replay as R
+
+    found = R.triggers(store, fs.scores.ts.min(), which)
+    if say is not None:
+        say(f"{fs.name}: scoring {len(found)} urgent signals ({which})")
+    extra = R.event_scores(store, found, model, fs.failures, prefix=f"{fs.name}/",
+                           horizon_h=horizon_h)
+    return FleetScores(fs.name, R.merged(fs.scores, extra), fs.failures, fs.node_days,
+                       fs.gpu_y, fs.gpu_p)
 
 
 def operating_threshold(workdir: str | Path, model: FailureModel, meta: dict[str, Any],
@@ -437,8 +444,15 @@ def operating_threshold(workdir: str | Path, model: FailureModel, meta: dict[str
 def write(model: FailureModel, meta: dict[str, Any], folder: Path | None = None) -> Path:
     folder = folder or Path(__file__).parent
     (folder / MODEL_FILE).write_bytes(model.to_bytes())
-    (folder / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    write_meta(meta, folder)
     return folder / MODEL_FILE
+
+
+def write_meta(meta: dict[str, Any], folder: Path | None = None) -> Path:
+    folder = folder or Path(__file__).parent
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    return folder / META_FILE
 
 
 @functools.lru_cache(maxsize=1)
@@ -522,8 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               VALIDATION_X4_FLEETS, events=args.events,
                                               say=say),
                 "threshold_s": round(time.perf_counter() - t0)}
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True) + "\n")
+        write_meta(meta, folder)
         print(json.dumps({"prior_id": prior_id(blob), "threshold": meta["threshold"],
                           "validation_x4": meta["validation_x4"],
                           "validation_x4_at_threshold": meta["validation_x4_at_threshold"]}))
