@@ -80,6 +80,32 @@ def test_a_store_without_a_model_gets_the_prior_once(tiny, tmp_path):
     assert prior.ensure_current(Store(tmp_path / "h.duckdb"), missing) is None
 
 
+def test_a_store_that_installed_the_prior_gets_its_rechosen_threshold(tiny, tmp_path):
+    """`prior threshold` re-chooses the threshold of the same model: a store that
+    installed it before reports the new one (written back; read-only: in the record)."""
+    _, model, meta = tiny
+    old_meta = {**meta, "threshold": 0.123}
+    path = tmp_path / "f.duckdb"
+    with Store(path) as store:
+        assert prior.ensure_current(store, lambda: (model.to_bytes(), old_meta)
+                                    ).metrics["threshold"] == 0.123
+    with Store(path, read_only=True) as store:
+        rec = prior.ensure_current(store, lambda: (model.to_bytes(), meta))
+        assert rec.metrics["threshold"] == meta["threshold"]
+        assert registry.get(store, rec.model_id).metrics["threshold"] == 0.123
+    with Store(path) as store:
+        rec = prior.ensure_current(store, lambda: (model.to_bytes(), meta))
+        assert rec.metrics["threshold"] == meta["threshold"] != 0.123
+        assert registry.get(store, rec.model_id).metrics["threshold"] == meta["threshold"]
+        assert [r.model_id for r in registry.list_models(store)] == [rec.model_id]
+        # install (as `fleetcare models` does for a store that has a model of its own)
+        registry.set_metrics(store, rec.model_id, {"threshold": 0.5})
+        assert prior.install(store, lambda: (model.to_bytes(), meta)
+                             ).metrics["threshold"] == meta["threshold"]
+        with pytest.raises(registry.ModelNotFoundError):
+            registry.set_metrics(store, "nope", {})
+
+
 def test_a_fleet_model_replaces_the_prior_only_by_beating_it(tiny, tmp_path):
     """Scored on the fleet model's held-out period: a blind model stays a candidate, and
     the reason of the current model stays the prior's."""

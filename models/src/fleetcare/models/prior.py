@@ -41,11 +41,12 @@ import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -474,32 +475,63 @@ REASON_PRIOR = ("fleet prior: this fleet has no model of its own that beat it on
 Shipped = Callable[[], tuple[bytes, dict[str, Any]]]
 
 
+def _shipped_metrics(meta: dict[str, Any]) -> dict[str, Any]:
+    return {**meta["validation"], "threshold": meta["threshold"]}
+
+
 def install(store: Store, shipped: Shipped = load) -> registry.ModelRecord:
-    """Register the shipped prior in ``store`` (once); current when nothing else is."""
+    """Register the shipped prior in ``store`` (once); current when nothing else is.
+
+    Registered already (same model bytes), its metrics are brought up to the shipped
+    meta's: ``python -m fleetcare.models.prior threshold`` re-chooses the operating
+    threshold of the same model, and a store that installed it before must not keep the
+    old one."""
     blob, meta = shipped()
     mid = prior_id(blob)
     try:
-        return registry.get(store, mid)
+        rec = registry.get(store, mid)
     except registry.ModelNotFoundError:
-        pass
-    model = FailureModel.from_bytes(blob)
-    return registry.save(
-        store, model, metrics={**meta["validation"], "threshold": meta["threshold"]},
-        created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), model_id=mid, origin="prior",
-        current_reason=REASON_PRIOR)
+        model = FailureModel.from_bytes(blob)
+        return registry.save(
+            store, model, metrics=_shipped_metrics(meta),
+            created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), model_id=mid,
+            origin="prior", current_reason=REASON_PRIOR)
+    return _refreshed(store, rec, meta)
+
+
+def _refreshed(store: Store, rec: registry.ModelRecord,
+               meta: dict[str, Any]) -> registry.ModelRecord:
+    """``rec`` (the shipped prior's record) with the shipped meta's metrics, written back
+    when the store is writable; a read-only store gets them in the returned record only."""
+    fresh = _shipped_metrics(meta)
+    if rec.metrics == fresh:
+        return rec
+    try:
+        updated = registry.set_metrics(store, rec.model_id, fresh)
+    except duckdb.Error as exc:  # a read-only store: its next writable open updates it
+        log.info("prior.metrics_not_updated model=%s: %s", rec.model_id, exc)
+        return replace(rec, metrics=fresh)
+    log.info("prior.metrics_updated model=%s threshold %s -> %s", rec.model_id,
+             rec.metrics.get("threshold"), fresh["threshold"])
+    return updated
 
 
 def ensure_current(store: Store, shipped: Shipped = load) -> registry.ModelRecord | None:
-    """The current model, the shipped prior installed first when there is none."""
+    """The current model, the shipped prior installed first when there is none (and its
+    metrics brought up to the shipped meta's when it is current already)."""
     rec = registry.current(store)
-    if rec is not None:
+    if rec is not None and rec.origin != "prior":
         return rec
     try:
-        install(store, shipped)
+        blob, meta = shipped()
     except FileNotFoundError:
-        log.warning("prior.missing: the package holds no fleet prior; train a model")
-        return None
-    return registry.current(store)
+        if rec is None:
+            log.warning("prior.missing: the package holds no fleet prior; train a model")
+        return rec
+    if rec is None:
+        install(store, lambda: (blob, meta))
+        return registry.current(store)
+    return _refreshed(store, rec, meta) if rec.model_id == prior_id(blob) else rec
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fleetcare.models.model import FailureModel
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import Store, has_column
 
 DDL = """
 CREATE TABLE IF NOT EXISTS models (
@@ -93,9 +93,12 @@ _ready: weakref.WeakSet[Store] = weakref.WeakSet()
 
 
 def ensure_schema(store: Store) -> None:
-    """Create the tables (once per Store object)."""
+    """Create the tables (once per Store object) unless they are there in this layout
+    (the newest column present): a read-only store of the current layout reads them."""
     if store not in _ready:
-        store.cursor().execute(DDL).fetchall()
+        cur = store.cursor()
+        if not has_column(cur, "models", "current_reason"):
+            cur.execute(DDL).fetchall()
         _ready.add(store)
 
 
@@ -196,6 +199,21 @@ def list_models(store: Store) -> list[ModelRecord]:
     rows = store.cursor().execute(
         f"SELECT {_COLS} FROM models ORDER BY created_at DESC, model_id DESC").fetchall()
     return [_record(r) for r in rows]
+
+
+def set_metrics(store: Store, model_id: str, metrics: dict[str, Any]) -> ModelRecord:
+    """Replace a registered model's metrics (JSON-safe, as for ``save``): the shipped
+    prior's are re-chosen without the model changing (``prior.install``)."""
+    ensure_schema(store)
+    with store.transaction() as cur:
+        found = cur.execute("SELECT count(*) FROM models WHERE model_id = ?",
+                            [model_id]).fetchall()[0][0]
+        if not found:
+            raise ModelNotFoundError(model_id)
+        cur.execute("UPDATE models SET metrics = ? WHERE model_id = ?",
+                    [json.dumps(metrics, sort_keys=True, allow_nan=False), model_id]
+                    ).fetchall()
+    return get(store, model_id)
 
 
 def promote(store: Store, model_id: str, *, reason: str | None = None) -> ModelRecord:
