@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pyarrow as pa
+import pyarrow.compute  # noqa: F401  (pa.compute)
 import pytest
 
 from fleetcare.collectors.contract import XidEvent
@@ -140,3 +142,19 @@ def test_a_gpu_seen_only_this_hour_and_one_gone_quiet(store):
     live = features.latest_features(store, at(191))
     _same(live, _one_pass(store, at(191)))
     assert "NEW" in live.column("gpu_uuid").to_pylist()
+
+
+@pytest.mark.parametrize("minutes", [61, 455, 599])
+def test_some_nodes_only_equal_the_full_build(store, minutes):
+    """``nodes=``: those nodes' rows exactly as the fleet's build gives them, compared with
+    the whole fleet's GPUs (medians, temperature fit), not with their own."""
+    _history(store, 10)
+    store.insert_sample_records([sample(m, gpu="NEW", index=7, node="n9", gpu_temp_c=70.0,
+                                        ecc_corrected_volatile=m) for m in (545, 590)])
+    features.refresh(store, until=at(minutes))
+    full = features.latest_features(store, at(minutes))
+    for nodes in (["n0"], ["n1"], ["n1", "n9"], ["nowhere"]):
+        mine = features.latest_features(store, at(minutes), nodes=nodes)
+        want = full.filter(pa.compute.is_in(full.column("node"), pa.array(nodes)))
+        assert mine.num_rows == want.num_rows
+        _same(mine, want)

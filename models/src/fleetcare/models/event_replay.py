@@ -7,9 +7,10 @@ ACTIVE. The training grid scores on the hour only, so an evaluation on it misses
 service does between hours. Here every such signal of a stored history becomes one node
 score ``DELAY`` after it, from the live features the service computes at that moment
 (``features.latest_features(at)``: the full hours plus the partial one, nothing after
-``at``). ``pipeline.urgent``'s telemetry rules are written again in SQL over the stored
-samples (``tests/pipeline/test_urgent_replay.py`` checks both name the same (time, node)
-pairs).
+``at``), built for the signalling node only (``nodes=``: the rows the fleet's build
+gives it, in a fraction of the time). ``pipeline.urgent``'s telemetry rules are written
+again in SQL over the stored samples (``tests/models/test_event_replay.py`` checks both
+name the same (time, node) pairs).
 """
 
 from __future__ import annotations
@@ -97,8 +98,7 @@ def event_scores(store: Store, events: Sequence[tuple[np.datetime64, str]],
     label_l: list[bool] = []
     for at, node in events:
         when = (at + DELAY).astype(dt.datetime).replace(tzinfo=dt.UTC)
-        feats = features.latest_features(store, when)
-        mine = feats.filter(np.asarray(feats.column("node").to_pylist(), dtype=object) == node)
+        mine = features.latest_features(store, when, nodes=[node])
         if mine.num_rows == 0:
             continue
         p = model.predict_proba(mine)[:, 1]

@@ -29,6 +29,7 @@ import datetime as dt
 import logging
 import sys
 import uuid
+from collections.abc import Sequence
 
 import duckdb
 import numpy as np
@@ -214,7 +215,24 @@ def _nic_select() -> str:
                             pick("node_nic_rate_ratio_24h", "1.0")])
 
 
-def _tail(since_op: str | None, nic: str = nic_rollup.TABLE) -> str:
+PEER_COLUMNS = (*(f"{m}_{w}" for w in ("1h", "24h") for m in ("gpu_temp_mean", "power_mean")),
+                *(b for b, _ in REL_BASES))
+"""The features each GPU is compared with its peers on (same model, same scoring time):
+the temperature-vs-power fit and the fleet medians (``peer_stats_sql``)."""
+
+
+def peer_stats_sql() -> str:
+    """The peer context of one group of GPUs (one model at one scoring time), as aggregates
+    over ``PEER_COLUMNS``: the temperature-vs-power fit per window (``fb``, ``fa``, ``fm``)
+    and the median of each fleet-relative base (``med_``)."""
+    fit = ", ".join(
+        f"regr_slope(gpu_temp_mean_{w}, power_mean_{w}) AS fb_{w}, "
+        f"regr_intercept(gpu_temp_mean_{w}, power_mean_{w}) AS fa_{w}, "
+        f"avg(gpu_temp_mean_{w}) AS fm_{w}" for w in ("1h", "24h"))
+    return fit + ", " + ", ".join(f"median({b}) AS med_{b}" for b, _ in REL_BASES)
+
+
+def _tail(since_op: str | None, nic: str = nic_rollup.TABLE, peers: str | None = None) -> str:
     """Joins and fleet context shared by both modes; reads ``tele`` and ``xev``, and the
     hourly NIC rollup ``nic`` (``nic_source``).
 
@@ -223,6 +241,10 @@ def _tail(since_op: str | None, nic: str = nic_rollup.TABLE) -> str:
     of ``xev`` is at or before: each GPU's newest XID per class is then a plain
     aggregate joined once, instead of one ASOF join per class, each sorting the wide
     feature rows.
+
+    ``peers`` (live only): a relation holding ``PEER_COLUMNS`` per GPU model, computed over
+    the whole fleet (``live_features.peers_sql``), for a ``tele`` of some nodes only;
+    by default the peers are ``tele``'s own GPUs.
     """
     if since_op is None:
         last = ", ".join(f"max(ts) FILTER (WHERE cls = '{c}') AS ts_{c}" for c in XID_CLASSES)
@@ -241,12 +263,7 @@ def _tail(since_op: str | None, nic: str = nic_rollup.TABLE) -> str:
     nx_cols = ", ".join(f"sum(xid_{c}) AS node_xid_{c}_24h" for c in XID_CLASSES)
     nx_sel = ", ".join(f"coalesce(nx.node_xid_{c}_24h, 0) AS node_xid_{c}_24h"
                        for c in XID_CLASSES)
-    rel_meds = ", ".join(f"median({b}) AS med_{b}" for b, _ in REL_BASES)
     rels = ", ".join(f"{b} / (med_{b} + {eps}) AS {b}_rel" for b, eps in REL_BASES)
-    resid_fit = ", ".join(
-        f"regr_slope(gpu_temp_mean_{w}, power_mean_{w}) AS fb_{w}, "
-        f"regr_intercept(gpu_temp_mean_{w}, power_mean_{w}) AS fa_{w}, "
-        f"avg(gpu_temp_mean_{w}) AS fm_{w}" for w in ("1h", "24h"))
     resid = ", ".join(
         f"gpu_temp_mean_{w} - coalesce(CASE WHEN isfinite(fa_{w} + fb_{w} * power_mean_{w}) "
         f"THEN fa_{w} + fb_{w} * power_mean_{w} END, fm_{w}) AS gpu_temp_resid_{w}"
@@ -255,6 +272,9 @@ def _tail(since_op: str | None, nic: str = nic_rollup.TABLE) -> str:
     err = " OR ".join(
         [f"coalesce({b}, 0) > 0" for b in ERROR_BASES_24H]
         + [f"xid_{c}_24h > 0" for c in XID_CLASSES if c != "application"])
+    peer_rows = (f"SELECT te, model, {peer_stats_sql()} FROM j2 GROUP BY te, model"
+                 if peers is None else
+                 f"SELECT k.te, p.* FROM (SELECT DISTINCT te FROM j2) k CROSS JOIN {peers} p")
     return _nic_sql(nic) + f""",
 nxb AS ({_xid_buckets('node')}),
 nx AS (
@@ -298,7 +318,7 @@ j2 AS (
   LEFT JOIN nic_nodes nn ON nn.node = j.node
   LEFT JOIN nic ON nic.te = j.te AND nic.node = j.node
 ),
-peers AS (SELECT te, model, {resid_fit}, {rel_meds} FROM j2 GROUP BY te, model),
+peers AS ({peer_rows}),
 fit AS (
   SELECT j2.*, peers.* EXCLUDE (te, model) FROM j2
   LEFT JOIN peers ON peers.te = j2.te AND peers.model IS NOT DISTINCT FROM j2.model
@@ -412,15 +432,17 @@ def gpu_features(store: Store, start: dt.datetime, end: dt.datetime, *,
         cur.close()
 
 
-def latest_features(store: Store, at: dt.datetime | None = None) -> pa.Table:
-    """One row per GPU that reported within ``STALE_AFTER`` before ``at`` (default: newest).
+def latest_features(store: Store, at: dt.datetime | None = None, *,
+                    nodes: Sequence[str] | None = None) -> pa.Table:
+    """One row per GPU that reported within ``STALE_AFTER`` before ``at`` (default: newest);
+    with ``nodes``, only those nodes' rows (the same values, compared with the whole fleet).
 
     Computed by ``live_features``: the windows' older hours come from a per-GPU base
     built once per clock hour, the newest hours are aggregated on each call.
     """
     from fleetcare.pipeline import live_features  # it builds on this module's SQL pieces
 
-    return live_features.latest(store, at)
+    return live_features.latest(store, at, nodes=nodes)
 
 
 # -- docs ----------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import datetime as dt
 import weakref
+from collections.abc import Sequence
 
 import duckdb
 import pyarrow as pa
@@ -39,7 +40,7 @@ from fleetcare.pipeline import rollup
 from fleetcare.pipeline.feature_defs import LEMON_DAYS, WINDOWS, now_sql, windowed_sql
 from fleetcare.pipeline.store import Store
 
-__all__ = ["BASES", "latest", "prepare_next"]
+__all__ = ["BASES", "latest", "peers_sql", "prepare_next"]
 
 _REGR = (("n", "regr_count"), ("ax", "regr_avgx"), ("ay", "regr_avgy"),
          ("sxx", "regr_sxx"), ("sxy", "regr_sxy"))
@@ -223,8 +224,40 @@ class _Bases:
 BASES = _Bases()
 
 
-def latest(store: Store, at: dt.datetime | None = None) -> pa.Table:
-    """``features.latest_features``."""
+def peers_sql(source: str, at: str) -> str:
+    """The peer context ``features._tail`` compares each GPU with, computed for the whole
+    fleet at ``at`` without building every GPU's features: only ``PEER_COLUMNS`` (windows
+    of at most 24 h), each one aggregate over the hours ``[T - W, at]`` (which is what the
+    base merged with the newest hours gives), over the GPUs the full build keeps (reported
+    within ``STALE_AFTER``). One row per GPU model."""
+    hf = f"date_trunc('hour', {at})"
+    lo = f"{hf} - INTERVAL 24 HOUR"
+    want = set(f.PEER_COLUMNS)
+
+    def agg(fn: str, expr: str, w: str) -> str:
+        return f"{fn}({expr}) FILTER (WHERE hour >= {hf} - INTERVAL {WINDOWS[w]} HOUR)"
+
+    cols = ", ".join(f"{sql} AS {name}" for name, sql in windowed_sql(agg) if name in want)
+    ident = f._ident(f"(SELECT * FROM {source} WHERE hour >= {lo} AND hour <= {hf})")
+    stale = int(f.STALE_AFTER.total_seconds())
+    return f"""WITH {f._xev(lo, f"e.ts <= {at}", ident)},
+g AS (
+  SELECT gpu_uuid, arg_max(model, hour) AS model, max(last_ts) AS last_seen, {cols}
+  FROM {_rows(source, lo, f"{hf} + INTERVAL 1 HOUR")}
+  GROUP BY gpu_uuid
+)
+SELECT model, {f.peer_stats_sql()} FROM g
+WHERE last_seen >= {at} - INTERVAL {stale} SECOND
+GROUP BY model"""
+
+
+def latest(store: Store, at: dt.datetime | None = None, *,
+           nodes: Sequence[str] | None = None) -> pa.Table:
+    """``features.latest_features``; with ``nodes``, the rows of those nodes' GPUs only,
+    equal to the full build's: their own windows from their hourly rows (a base built for
+    them, not held), the peer context from the whole fleet (``peers_sql``). Rescoring
+    one node costs a fraction of the fleet's build (``models.event_replay`` replays
+    every urgent signal this way)."""
     cur = store.cursor()
     try:
         if at is None:
@@ -234,8 +267,18 @@ def latest(store: Store, at: dt.datetime | None = None) -> pa.Table:
             at_n = rollup._ts(at)
         source = f._source(store, cur, at_n, exact=True)
         f._register_xmap(cur)
-        cur.register("fc_base", BASES.get(store, cur, source, rollup.hour_floor(at_n)))
-        sql = "WITH " + _tele_sql(source, f._lit(at_n)) + f._tail(None, f.nic_source(cur))
+        target = rollup.hour_floor(at_n)
+        peers = None
+        if nodes is None:
+            cur.register("fc_base", BASES.get(store, cur, source, target))
+        else:
+            cur.register("fc_peers", cur.sql(peers_sql(source, f._lit(at_n))).to_arrow_table())
+            peers = "fc_peers"
+            cur.register("fc_nodes", pa.table({"node": pa.array(list(nodes), pa.string())}))
+            source = f"(SELECT * FROM {source} WHERE node IN (SELECT node FROM fc_nodes))"
+            cur.register("fc_base", cur.sql(_base_sql(source, f._lit(target))).to_arrow_table())
+        sql = ("WITH " + _tele_sql(source, f._lit(at_n))
+               + f._tail(None, f.nic_source(cur), peers=peers))
         return f._finish(cur.sql(sql).to_arrow_table())
     finally:
         cur.close()
