@@ -274,8 +274,9 @@ def latest(store: Store, at: dt.datetime | None = None, *,
         else:
             cur.register("fc_peers", cur.sql(peers_sql(source, f._lit(at_n))).to_arrow_table())
             peers = "fc_peers"
-            cur.register("fc_nodes", pa.table({"node": pa.array(list(nodes), pa.string())}))
-            source = f"(SELECT * FROM {source} WHERE node IN (SELECT node FROM fc_nodes))"
+            # literals, not a relation: DuckDB then filters the scans themselves
+            names = ", ".join("'" + str(n).replace("'", "''") + "'" for n in nodes) or "NULL"
+            source = f"(SELECT * FROM {source} WHERE node IN ({names}))"
             cur.register("fc_base", cur.sql(_base_sql(source, f._lit(target))).to_arrow_table())
         sql = ("WITH " + _tele_sql(source, f._lit(at_n))
                + f._tail(None, f.nic_source(cur), peers=peers))
