@@ -16,7 +16,8 @@ name the same (time, node) pairs).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -83,11 +84,13 @@ def triggers(store: Store, since: np.datetime64, which: str = "all"
 
 def event_scores(store: Store, events: Sequence[tuple[np.datetime64, str]],
                  model: FailureModel, failures: Sequence[M.Failure], *, prefix: str = "",
-                 horizon_h: float = 24.0) -> NodeScores:
+                 horizon_h: float = 24.0, say: Callable[[str], None] | None = None,
+                 every: int = 100) -> NodeScores:
     """One node score ``DELAY`` after each event (time, node): the node risk
     (1 − Π(1 − p) over its GPUs) from the live features at that moment. Node names get
     ``prefix`` in front (a pooled fleet's name and ``/``), as ``failures`` name them;
-    ``label`` says whether the node fails within ``horizon_h`` after the score."""
+    ``label`` says whether the node fails within ``horizon_h`` after the score; ``say``
+    hears the progress every ``every`` events."""
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
     fails: dict[str, list[np.datetime64]] = {}
     for f in failures:
@@ -96,7 +99,12 @@ def event_scores(store: Store, events: Sequence[tuple[np.datetime64, str]],
     node_l: list[str] = []
     risk_l: list[float] = []
     label_l: list[bool] = []
-    for at, node in events:
+    t0 = time.perf_counter()
+    for k, (at, node) in enumerate(events):
+        if say is not None and k and k % every == 0:
+            rate = (time.perf_counter() - t0) / k
+            say(f"{prefix}events {k}/{len(events)}, {rate:.2f} s each, "
+                f"~{rate * (len(events) - k) / 60:.0f} min left")
         when = (at + DELAY).astype(dt.datetime).replace(tzinfo=dt.UTC)
         mine = features.latest_features(store, when, nodes=[node])
         if mine.num_rows == 0:

@@ -411,7 +411,7 @@ def with_event_scores(store: Store, fs: FleetScores, model: FailureModel, *,
     if say is not None:
         say(f"{fs.name}: scoring {len(found)} urgent signals ({which})")
     extra = R.event_scores(store, found, model, fs.failures, prefix=f"{fs.name}/",
-                           horizon_h=horizon_h)
+                           horizon_h=horizon_h, say=say)
     return FleetScores(fs.name, R.merged(fs.scores, extra), fs.failures, fs.node_days,
                        fs.gpu_y, fs.gpu_p)
 
