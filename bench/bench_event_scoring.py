@@ -57,7 +57,9 @@ def main() -> int:
         rows = prior.fleet_rows(args.workdir, fleet, say=BP.say)
         fs = prior.score_fleet(rows, model)
         with prior.open_fleet(args.workdir, fleet, say=BP.say) as store:
-            both = prior.with_event_scores(store, fs, model, which=args.triggers, say=BP.say)
+            both = prior.with_event_scores(
+                store, fs, model, which=args.triggers, say=BP.say,
+                cache=prior.event_scores_path(args.workdir, fleet, model, which=args.triggers))
         n_events += len(both.scores.ts) - len(fs.scores.ts)
         before.append(fs)
         after.append(both)

@@ -132,7 +132,7 @@ def test_a_fleet_model_replaces_the_prior_only_by_beating_it(tiny, tmp_path):
         store.close()
 
 
-def test_validation_scores_add_a_score_a_minute_after_each_urgent_signal(tiny):
+def test_validation_scores_add_a_score_a_minute_after_each_urgent_signal(tiny, monkeypatch):
     from fleetcare.models import event_replay as R
 
     work, model, _ = tiny
@@ -151,6 +151,17 @@ def test_validation_scores_add_a_score_a_minute_after_each_urgent_signal(tiny):
     got = set(zip(off_hour.tolist(), both.scores.node[-extra:].tolist(), strict=True))
     assert {(np.datetime64(t, "us"), n) for t, n in got} <= want
     assert both.node_days == hourly.node_days and len(both.failures) == len(hourly.failures)
+    # kept beside the store: the next validation reads them instead of replaying
+    assert prior.event_scores_path(work, fleet, model).exists()
+
+    def replay(*a, **k):
+        raise AssertionError("replayed again instead of reading the kept event scores")
+
+    monkeypatch.setattr(R, "event_scores", replay)
+    again = prior.validation_scores(work, TINY_X4, model, events=True)
+    for k in ("ts", "node", "risk", "label", "known"):
+        np.testing.assert_array_equal(getattr(again.scores, k), getattr(both.scores, k))
+        assert getattr(again.scores, k).dtype == getattr(both.scores, k).dtype
 
 
 def test_the_operating_threshold_holds_the_x4_share_of_the_budget(tiny):

@@ -394,24 +394,57 @@ def validation_scores(workdir: str | Path, fleets: Sequence[SimFleet], model: Fa
                          horizon_h=horizon_h)
         if events:
             with open_fleet(workdir, f, say=say) as store:
-                fs = with_event_scores(store, fs, model, horizon_h=horizon_h, say=say)
+                fs = with_event_scores(store, fs, model, horizon_h=horizon_h, say=say,
+                                       cache=event_scores_path(workdir, f, model,
+                                                               horizon_h=horizon_h))
         out.append(fs)
     return pooled(out)
 
 
-def with_event_scores(store: Store, fs: FleetScores, model: FailureModel, *,
-                      which: str = "all", horizon_h: float = 24.0,
-                      say: Progress | None = None) -> FleetScores:
-    """``fs`` (a fleet's hourly scores) with a score a minute after every urgent signal
-    of its scored period added (``event_replay``: one live feature build per signal,
-    about 1-2 s each here, some 800 per x4 validation fleet)."""
+def event_scores_path(workdir: str | Path, fleet: SimFleet, model: FailureModel, *,
+                      which: str = "all", horizon_h: float = 24.0) -> Path:
+    """Where ``with_event_scores`` keeps a fleet's event scores: beside its store, named
+    by what they depend on (the model, the triggers, the horizon, the delay, the feature
+    catalogue)."""
     from fleetcare.models import event_replay as R
 
-    found = R.triggers(store, fs.scores.ts.min(), which)
-    if say is not None:
-        say(f"{fs.name}: scoring {len(found)} urgent signals ({which})")
-    extra = R.event_scores(store, found, model, fs.failures, prefix=f"{fs.name}/",
-                           horizon_h=horizon_h, say=say)
+    text = json.dumps([prior_id(model.to_bytes()), which, horizon_h,
+                       int(R.DELAY / np.timedelta64(1, "s")), _rows_key(horizon_h)])
+    key = hashlib.sha256(text.encode()).hexdigest()[:10]
+    return Path(workdir) / f"{fleet.name}-{fleet.seed}.events-{key}.parquet"
+
+
+def with_event_scores(store: Store, fs: FleetScores, model: FailureModel, *,
+                      which: str = "all", horizon_h: float = 24.0,
+                      say: Progress | None = None, cache: Path | None = None
+                      ) -> FleetScores:
+    """``fs`` (a fleet's hourly scores) with a score a minute after every urgent signal
+    of its scored period added (``event_replay``: one live feature build of the
+    signalling node per signal, about 0.5-1.5 s each here, some 800 per x4 validation
+    fleet). With ``cache`` (``event_scores_path``) they are read from there when present
+    and written there when computed."""
+    import pyarrow.parquet as pq
+
+    from fleetcare.models import event_replay as R
+    from fleetcare.models.evaluation import NodeScores
+
+    cols = ("ts", "node", "risk", "label", "known")
+    if cache is not None and cache.exists():
+        t = pq.read_table(cache)
+        got = {c: t.column(c).to_numpy(zero_copy_only=False) for c in cols}
+        extra = NodeScores(got["ts"].astype("datetime64[us]"), got["node"].astype(object),
+                           got["risk"].astype(float), got["label"].astype(bool),
+                           got["known"].astype(bool))
+    else:
+        found = R.triggers(store, fs.scores.ts.min(), which)
+        if say is not None:
+            say(f"{fs.name}: scoring {len(found)} urgent signals ({which})")
+        extra = R.event_scores(store, found, model, fs.failures, prefix=f"{fs.name}/",
+                               horizon_h=horizon_h, say=say)
+        if cache is not None:
+            tmp = cache.with_suffix(".tmp")
+            pq.write_table(pa.table({c: getattr(extra, c) for c in cols}), tmp)
+            tmp.replace(cache)
     return FleetScores(fs.name, R.merged(fs.scores, extra), fs.failures, fs.node_days,
                        fs.gpu_y, fs.gpu_p)
 
