@@ -7,7 +7,7 @@ Llama 3's Table 5), with seeds, sizes (96 to 512 nodes), lengths (30 to 60 days)
 mixes none of ``prior.TRAIN_FLEETS`` / ``prior.VALIDATION_FLEETS`` has, and scored by the
 prior over its whole time after a day of warm-up, on the hour (``--events``: also a minute
 after every urgent signal, as ``fleetcare serve`` scores, ``prior.with_event_scores``; the
-hourly-only figures are then printed beside; 0.5-1.5 s per signal here, kept beside the
+hourly-only figures are then printed beside; 0.7-1.8 s per signal here, kept beside the
 store for the next run). Nothing is
 tuned on them: the prior's operating threshold was fixed on its validation fleets (``fleet_prior.meta.json``), and
 the goodput decision is the cost model's break-even (drain when the expected saving

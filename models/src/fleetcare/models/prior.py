@@ -420,7 +420,7 @@ def with_event_scores(store: Store, fs: FleetScores, model: FailureModel, *,
                       ) -> FleetScores:
     """``fs`` (a fleet's hourly scores) with a score a minute after every urgent signal
     of its scored period added (``event_replay``: one live feature build of the
-    signalling node per signal, about 0.5-1.5 s each here, some 800 per x4 validation
+    signalling node per signal, 0.7-1.8 s each here, some 700-800 per x4 validation
     fleet). With ``cache`` (``event_scores_path``) they are read from there when present
     and written there when computed."""
     import pyarrow.parquet as pq
@@ -584,8 +584,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "package)")
     for p in (b, t):
         p.add_argument("--events", action="store_true", help="validate on event scores too "
-                       "(a minute after every urgent signal, as serve scores; about 1-2 s "
-                       "per signal, ~30 min per x4 validation fleet here)")
+                       "(a minute after every urgent signal, as serve scores; 0.7-1.8 s per "
+                       "signal here, 10-25 min per x4 validation fleet, kept beside its "
+                       "store for the next run)")
     args = ap.parse_args(argv)
     logging.basicConfig(level="INFO", format="%(asctime)s %(message)s", stream=sys.stderr)
 
