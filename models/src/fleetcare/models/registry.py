@@ -201,15 +201,19 @@ def list_models(store: Store) -> list[ModelRecord]:
     return [_record(r) for r in rows]
 
 
+def _must_exist(cur: Any, model_id: str) -> None:
+    found = cur.execute("SELECT count(*) FROM models WHERE model_id = ?",
+                        [model_id]).fetchall()[0][0]
+    if not found:
+        raise ModelNotFoundError(model_id)
+
+
 def set_metrics(store: Store, model_id: str, metrics: dict[str, Any]) -> ModelRecord:
     """Replace a registered model's metrics (JSON-safe, as for ``save``): the shipped
     prior's are re-chosen without the model changing (``prior.install``)."""
     ensure_schema(store)
     with store.transaction() as cur:
-        found = cur.execute("SELECT count(*) FROM models WHERE model_id = ?",
-                            [model_id]).fetchall()[0][0]
-        if not found:
-            raise ModelNotFoundError(model_id)
+        _must_exist(cur, model_id)
         cur.execute("UPDATE models SET metrics = ? WHERE model_id = ?",
                     [json.dumps(metrics, sort_keys=True, allow_nan=False), model_id]
                     ).fetchall()
@@ -221,10 +225,7 @@ def promote(store: Store, model_id: str, *, reason: str | None = None) -> ModelR
     is kept as why it scores."""
     ensure_schema(store)
     with store.transaction() as cur:
-        found = cur.execute("SELECT count(*) FROM models WHERE model_id = ?",
-                            [model_id]).fetchall()[0][0]
-        if not found:
-            raise ModelNotFoundError(model_id)
+        _must_exist(cur, model_id)
         cur.execute("UPDATE models SET is_current = (model_id = ?)", [model_id]).fetchall()
         cur.execute("UPDATE models SET current_reason = ? WHERE model_id = ?",
                     [reason or "promoted by an operator", model_id]).fetchall()
