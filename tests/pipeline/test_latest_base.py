@@ -158,3 +158,54 @@ def test_some_nodes_only_equal_the_full_build(store, minutes):
         want = full.filter(pa.compute.is_in(full.column("node"), pa.array(nodes)))
         assert mine.num_rows == want.num_rows
         _same(mine, want)
+
+
+def _moving_fleet(store: Store, hours: int = 30) -> None:
+    """Six GPUs of one model on three nodes (an even count: a median between two values),
+    counters with differing parities, G5 moved from n2 to n0 after 20 h, XIDs named by
+    PCI bus only, one GPU gone quiet."""
+    recs = []
+    for g in range(6):
+        for m in range(0, 60 * hours, 20):
+            node = f"n{g % 3}" if not (g == 5 and m >= 20 * 60) else "n0"
+            if g == 4 and m > 60 * hours - 120:
+                continue                                   # stale by the end
+            recs.append(sample(m, gpu=f"G{g}", index=g, node=node,
+                               ecc_corrected_volatile=(m // 20) * (g + 1) % 251,
+                               pcie_replay_count=(m // 20) * (g % 2),
+                               gpu_temp_c=45.0 + g + (m % 60) / 10, power_w=250.0 + 7 * g))
+    store.insert_sample_records(recs)
+    store.insert_events([
+        XidEvent(ts=at(m), node=node, xid=xid, message="x", source="kernel-log",
+                 pci_bus_id=f"0000:{0x10 + g:02x}:00.0")
+        for m, node, g, xid in [(300, "n2", 5, 48), (1500, "n0", 5, 63), (1700, "n1", 1, 79)]])
+
+
+@pytest.mark.parametrize("minutes", [1199, 1330, 1790])
+def test_some_nodes_only_with_moved_gpus_and_even_counts(store, minutes):
+    _moving_fleet(store)
+    features.refresh(store, until=at(minutes))
+    full = features.latest_features(store, at(minutes))
+    for nodes in (["n0"], ["n1"], ["n2"], ["n0", "n2"]):
+        mine = features.latest_features(store, at(minutes), nodes=nodes)
+        want = full.filter(pa.compute.is_in(full.column("node"), pa.array(nodes)))
+        assert mine.num_rows == want.num_rows > 0
+        _same(mine, want)
+    with pytest.raises(TypeError, match="list of node names"):
+        features.latest_features(store, at(minutes), nodes="n0")
+
+
+def test_the_live_median_of_an_even_count_keeps_its_half(store):
+    """The full live build equals one aggregate over all hours with six GPUs of a model
+    (the base's sums came back as decimals, whose median of an even count dropped the .5
+    that the one aggregate and the training grid keep)."""
+    _moving_fleet(store)
+    features.refresh(store)
+    when = at(1675)
+    ref = _one_pass(store, when)
+    rows = ref.to_pylist()
+    assert len(rows) == 6
+    med = [r["pcie_replay_24h"] / r["pcie_replay_24h_rel"] - 1.0
+           for r in rows if r["pcie_replay_24h_rel"]]
+    assert med and all(abs(m - round(m)) == pytest.approx(0.5) for m in med)  # between two
+    _same(features.latest_features(store, when), ref)

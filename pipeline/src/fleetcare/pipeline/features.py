@@ -229,7 +229,10 @@ def peer_stats_sql() -> str:
         f"regr_slope(gpu_temp_mean_{w}, power_mean_{w}) AS fb_{w}, "
         f"regr_intercept(gpu_temp_mean_{w}, power_mean_{w}) AS fa_{w}, "
         f"avg(gpu_temp_mean_{w}) AS fm_{w}" for w in ("1h", "24h"))
-    return fit + ", " + ", ".join(f"median({b}) AS med_{b}" for b, _ in REL_BASES)
+    # DOUBLE: the live base's sums come back from Arrow as DECIMAL(38,0), whose median
+    # of an even count drops the half that the training grid's median keeps
+    return fit + ", " + ", ".join(f"median(CAST({b} AS DOUBLE)) AS med_{b}"
+                                  for b, _ in REL_BASES)
 
 
 def _tail(since_op: str | None, nic: str = nic_rollup.TABLE, peers: str | None = None) -> str:

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import duckdb
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetcare.pipeline import features as f
 from fleetcare.pipeline import rollup
@@ -254,10 +255,14 @@ GROUP BY model"""
 def latest(store: Store, at: dt.datetime | None = None, *,
            nodes: Sequence[str] | None = None) -> pa.Table:
     """``features.latest_features``; with ``nodes``, the rows of those nodes' GPUs only,
-    equal to the full build's: their own windows from their hourly rows (a base built for
-    them, not held), the peer context from the whole fleet (``peers_sql``). Rescoring
+    equal to the full build's: the windows of every GPU that was on them within the week
+    from its hourly rows (a base built for them, not held), the peer context from the
+    whole fleet (``peers_sql``; an XID without a uuid older than 24 h that names a GPU
+    since moved may be attributed differently there, a difference in a median only). Rescoring
     one node costs a fraction of the fleet's build (``models.event_replay`` replays
     every urgent signal this way)."""
+    if isinstance(nodes, str):
+        raise TypeError(f"nodes={nodes!r}: give a list of node names, not one string")
     cur = store.cursor()
     try:
         if at is None:
@@ -274,13 +279,21 @@ def latest(store: Store, at: dt.datetime | None = None, *,
         else:
             cur.register("fc_peers", cur.sql(peers_sql(source, f._lit(at_n))).to_arrow_table())
             peers = "fc_peers"
-            # literals, not a relation: DuckDB then filters the scans themselves
+            # every GPU that was on these nodes within the week, with all its hours (one
+            # moved from another node keeps its windows; one moved away is built and
+            # then dropped, as the full build names it by its newest node); the names
+            # as literals, not a relation, so DuckDB filters the scans themselves
             names = ", ".join("'" + str(n).replace("'", "''") + "'" for n in nodes) or "NULL"
-            source = f"(SELECT * FROM {source} WHERE node IN ({names}))"
+            lo = f"{f._lit(target)} - INTERVAL {f._LOOKBACK_H} HOUR"
+            source = (f"(SELECT * FROM {source} WHERE gpu_uuid IN (SELECT DISTINCT gpu_uuid "
+                      f"FROM {source} WHERE node IN ({names}) AND hour >= {lo}))")
             cur.register("fc_base", cur.sql(_base_sql(source, f._lit(target))).to_arrow_table())
         sql = ("WITH " + _tele_sql(source, f._lit(at_n))
                + f._tail(None, f.nic_source(cur), peers=peers))
-        return f._finish(cur.sql(sql).to_arrow_table())
+        out = f._finish(cur.sql(sql).to_arrow_table())
+        if nodes is not None:
+            out = out.filter(pc.is_in(out.column("node"), pa.array(list(nodes), pa.string())))
+        return out
     finally:
         cur.close()
 
