@@ -104,6 +104,16 @@ def test_a_store_that_installed_the_prior_gets_its_rechosen_threshold(tiny, tmp_
                              ).metrics["threshold"] == meta["threshold"]
         with pytest.raises(registry.ModelNotFoundError):
             registry.set_metrics(store, "nope", {})
+        # unreadable shipped files: the installed prior scores on as registered
+        assert prior.ensure_current(store, lambda: (model.to_bytes(), {"no": "threshold"})
+                                    ).model_id == rec.model_id
+
+        def corrupt() -> tuple[bytes, dict]:
+            raise ValueError("Expecting value: line 1 column 1 (char 0)")
+
+        assert prior.ensure_current(store, corrupt).metrics["threshold"] == meta["threshold"]
+    with Store(tmp_path / "new.duckdb") as store, pytest.raises(ValueError):
+        prior.ensure_current(store, corrupt)          # nothing to score with: say why
 
 
 def test_a_fleet_model_replaces_the_prior_only_by_beating_it(tiny, tmp_path):

@@ -46,7 +46,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 
@@ -539,11 +538,9 @@ def _refreshed(store: Store, rec: registry.ModelRecord,
     fresh = _shipped_metrics(meta)
     if rec.metrics == fresh:
         return rec
-    try:
-        updated = registry.set_metrics(store, rec.model_id, fresh)
-    except duckdb.Error as exc:  # a read-only store: its next writable open updates it
-        log.info("prior.metrics_not_updated model=%s: %s", rec.model_id, exc)
+    if store.read_only:  # its next writable open updates it
         return replace(rec, metrics=fresh)
+    updated = registry.set_metrics(store, rec.model_id, fresh)
     log.info("prior.metrics_updated model=%s threshold %s -> %s", rec.model_id,
              rec.metrics.get("threshold"), fresh["threshold"])
     return updated
@@ -557,14 +554,27 @@ def ensure_current(store: Store, shipped: Shipped = load) -> registry.ModelRecor
         return rec
     try:
         blob, meta = shipped()
+        _shipped_metrics(meta)
     except FileNotFoundError:
         if rec is None:
             log.warning("prior.missing: the package holds no fleet prior; train a model")
         return rec
+    except (OSError, ValueError, KeyError) as exc:
+        if rec is None:
+            raise
+        # the installed prior keeps scoring with what its record holds
+        log.warning("prior.unreadable: the shipped prior's files cannot be read (%s); "
+                    "scoring on with %s as registered", exc, rec.model_id)
+        return rec
     if rec is None:
         install(store, lambda: (blob, meta))
         return registry.current(store)
-    return _refreshed(store, rec, meta) if rec.model_id == prior_id(blob) else rec
+    return _refreshed(store, rec, meta) if rec.model_id == _blob_id(blob) else rec
+
+
+@functools.lru_cache(maxsize=4)
+def _blob_id(blob: bytes) -> str:
+    return prior_id(blob)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

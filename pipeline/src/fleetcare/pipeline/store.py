@@ -217,6 +217,7 @@ class Store:
     def __init__(self, path: str | Path, *, read_only: bool = False,
                  raw: RawTelemetry | None = None, memory_limit: str | None = None) -> None:
         self.path = str(path)
+        self.read_only = read_only
         self.raw: RawTelemetry = raw if raw is not None else TableTelemetry()
         try:
             self.con = duckdb.connect(self.path, read_only=read_only)
