@@ -172,6 +172,10 @@ def test_validation_scores_add_a_score_a_minute_after_each_urgent_signal(tiny, m
     for k in ("ts", "node", "risk", "label", "known"):
         np.testing.assert_array_equal(getattr(again.scores, k), getattr(both.scores, k))
         assert getattr(again.scores, k).dtype == getattr(both.scores, k).dtype
+    # ... but not ones made by other code (or from another simulation of the store)
+    monkeypatch.setattr(prior, "_replay_code", lambda: "other code")
+    with pytest.raises(AssertionError, match="replayed again"):
+        prior.validation_scores(work, TINY_X4, model, events=True)
 
 
 def test_the_operating_threshold_holds_the_x4_share_of_the_budget(tiny):

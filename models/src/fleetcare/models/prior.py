@@ -40,6 +40,7 @@ import json
 import logging
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import resources
@@ -413,6 +414,18 @@ def event_scores_path(workdir: str | Path, fleet: SimFleet, model: FailureModel,
     return Path(workdir) / f"{fleet.name}-{fleet.seed}.events-{key}.parquet"
 
 
+def _replay_code() -> str:
+    """A digest of the code event scores come from (live features, triggers, replay):
+    kept event scores made by other code are replayed again."""
+    from fleetcare.models import event_replay
+    from fleetcare.pipeline import feature_defs, features, live_features, rollup, urgent
+
+    h = hashlib.sha256()
+    for mod in (event_replay, feature_defs, features, live_features, rollup, urgent):
+        h.update(Path(str(mod.__file__)).read_bytes())
+    return h.hexdigest()[:16]
+
+
 def with_event_scores(store: Store, fs: FleetScores, model: FailureModel, *,
                       which: str = "all", horizon_h: float = 24.0,
                       say: Progress | None = None, cache: Path | None = None
@@ -420,15 +433,19 @@ def with_event_scores(store: Store, fs: FleetScores, model: FailureModel, *,
     """``fs`` (a fleet's hourly scores) with a score a minute after every urgent signal
     of its scored period added (``event_replay``: one live feature build of the
     signalling node per signal, 0.7-1.8 s each here, some 700-800 per x4 validation
-    fleet). With ``cache`` (``event_scores_path``) they are read from there when present
-    and written there when computed."""
+    fleet). With ``cache`` (``event_scores_path``) they are read from there when made
+    from this store's simulation by this code (``_replay_code``), and written there when
+    computed."""
     import pyarrow.parquet as pq
 
     from fleetcare.models import event_replay as R
     from fleetcare.models.evaluation import NodeScores
 
     cols = ("ts", "node", "risk", "label", "known")
-    if cache is not None and cache.exists():
+    made_from = json.dumps({"store": store.get_meta("simulation"), "code": _replay_code()},
+                           sort_keys=True).encode()
+    if cache is not None and cache.exists() and (
+            (pq.read_schema(cache).metadata or {}).get(b"fleetcare") == made_from):
         t = pq.read_table(cache)
         got = {c: t.column(c).to_numpy(zero_copy_only=False) for c in cols}
         extra = NodeScores(got["ts"].astype("datetime64[us]"), got["node"].astype(object),
@@ -441,8 +458,9 @@ def with_event_scores(store: Store, fs: FleetScores, model: FailureModel, *,
         extra = R.event_scores(store, found, model, fs.failures, prefix=f"{fs.name}/",
                                horizon_h=horizon_h, say=say)
         if cache is not None:
-            tmp = cache.with_suffix(".tmp")
-            pq.write_table(pa.table({c: getattr(extra, c) for c in cols}), tmp)
+            tmp = cache.with_suffix(f".{uuid.uuid4().hex[:8]}.tmp")
+            table = pa.table({c: getattr(extra, c) for c in cols})
+            pq.write_table(table.replace_schema_metadata({"fleetcare": made_from}), tmp)
             tmp.replace(cache)
     return FleetScores(fs.name, R.merged(fs.scores, extra), fs.failures, fs.node_days,
                        fs.gpu_y, fs.gpu_p)
