@@ -514,6 +514,7 @@ def load() -> tuple[bytes, dict[str, Any]]:
     return (pkg / MODEL_FILE).read_bytes(), json.loads((pkg / META_FILE).read_text())
 
 
+@functools.lru_cache(maxsize=4)  # the service asks for the shipped blob's every cycle
 def prior_id(blob: bytes) -> str:
     return f"prior-{hashlib.sha256(blob).hexdigest()[:8]}"
 
@@ -546,14 +547,13 @@ def install(store: Store, shipped: Shipped = load) -> registry.ModelRecord:
             store, model, metrics=_shipped_metrics(meta),
             created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), model_id=mid,
             origin="prior", current_reason=REASON_PRIOR)
-    return _refreshed(store, rec, meta)
+    return _refreshed(store, rec, _shipped_metrics(meta))
 
 
 def _refreshed(store: Store, rec: registry.ModelRecord,
-               meta: dict[str, Any]) -> registry.ModelRecord:
-    """``rec`` (the shipped prior's record) with the shipped meta's metrics, written back
+               fresh: dict[str, Any]) -> registry.ModelRecord:
+    """``rec`` (the shipped prior's record) with the shipped metrics ``fresh``, written back
     when the store is writable; a read-only store gets them in the returned record only."""
-    fresh = _shipped_metrics(meta)
     if rec.metrics == fresh:
         return rec
     if store.read_only:  # its next writable open updates it
@@ -572,7 +572,7 @@ def ensure_current(store: Store, shipped: Shipped = load) -> registry.ModelRecor
         return rec
     try:
         blob, meta = shipped()
-        _shipped_metrics(meta)
+        fresh = _shipped_metrics(meta)
     except FileNotFoundError:
         if rec is None:
             log.warning("prior.missing: the package holds no fleet prior; train a model")
@@ -587,12 +587,7 @@ def ensure_current(store: Store, shipped: Shipped = load) -> registry.ModelRecor
     if rec is None:
         install(store, lambda: (blob, meta))
         return registry.current(store)
-    return _refreshed(store, rec, meta) if rec.model_id == _blob_id(blob) else rec
-
-
-@functools.lru_cache(maxsize=4)
-def _blob_id(blob: bytes) -> str:
-    return prior_id(blob)
+    return _refreshed(store, rec, fresh) if rec.model_id == prior_id(blob) else rec
 
 
 def main(argv: Sequence[str] | None = None) -> int:
