@@ -8,7 +8,7 @@ service does between hours. Here every such signal of a stored history becomes o
 score ``DELAY`` after it, from the live features the service computes at that moment
 (``features.latest_features(at)``: the full hours plus the partial one, nothing after
 ``at``), built for the signalling node only (``nodes=``: the rows the fleet's build
-gives it, in a fraction of the time). ``pipeline.urgent``'s telemetry rules are written
+gives it, somewhat sooner). ``pipeline.urgent``'s telemetry rules are written
 again in SQL over the stored samples (``tests/models/test_event_replay.py`` checks both
 name the same (time, node) pairs).
 """
