@@ -123,7 +123,7 @@ def refresh(store: Store, *, full: bool = False) -> int:
             where, params = "ts >= ?", [lo - LOOKBACK]
         rows = cur.execute(
             f"INSERT INTO {TABLE} SELECT * FROM ({rollup_sql(where)}) WHERE hour >= ? "
-            "ORDER BY node, device, port, hour",
+            "ORDER BY hour, node, device, port",  # hour first: zone maps skip other hours
             [*params, lo or dt.datetime(1970, 1, 1)]).fetchall()[0][0]
         cur.execute("DELETE FROM meta WHERE key = ?", [NIC_DIRTY_SINCE_KEY]).fetchall()
     log.info("nic_rollup.refreshed from=%s rows=%d", lo, rows)

@@ -33,7 +33,10 @@ such hour, so the result equals an in-order rollup (``tests/pipeline/
 test_rollup_append.py``). The mark moves to ``PENDING_KEY`` while a refresh runs and is
 cleared in the refresh's own transaction: a crash or error mid-refresh keeps it. The
 first refresh, an ``until`` before the watermark and ``full=True`` re-roll every hour
-from the oldest one concerned.
+from the oldest one concerned. Every insert is sorted by hour, so the table stays in
+hour order and DuckDB's zone maps skip the row groups outside a query's hours
+(``tests/pipeline/test_rollup_order.py``); a store rolled up in bulk before that keeps
+its order until its next ``full=True`` refresh.
 
 Counter semantics, case by case (``tests/pipeline/test_counter_semantics.py``):
 
@@ -296,6 +299,13 @@ def _take_dirty(store: Store) -> dt.datetime | None:
         return low
 
 
+def _in_hour_order(select: str) -> str:
+    """``select``'s rows sorted by hour, as a bulk insert should store them: DuckDB skips
+    the row groups whose ``hour`` range misses a query's (zone maps), and a hash
+    aggregate's output, GPU by GPU, would put every hour in every row group."""
+    return f"SELECT * FROM ({select}) ORDER BY hour"
+
+
 def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = False) -> None:
     """Roll telemetry up to ``until`` (default: the newest sample) into ``telemetry_hourly``.
 
@@ -337,7 +347,7 @@ def refresh(store: Store, *, until: dt.datetime | None = None, full: bool = Fals
             cur.execute(f"DELETE FROM {TABLE} WHERE hour >= ?", [lo]).fetchall()
             raw = store.raw.relation(cur, lo, hi)
             added = cur.execute(
-                f"INSERT INTO {TABLE} BY NAME {rollup_sql('$lo', '$hi', raw)}",
+                f"INSERT INTO {TABLE} BY NAME {_in_hour_order(rollup_sql('$lo', '$hi', raw))}",
                 {"lo": lo, "hi": hi}).fetchall()[0][0]
             _commit_mark(cur, hi)
         except BaseException:
@@ -406,8 +416,8 @@ def _append(store: Store, cur: duckdb.DuckDBPyConnection, lo: dt.datetime,
                     f"{merge_sql('_fc_part', cols, lo_s)}").fetchall()
         cur.execute(f"DELETE FROM {TABLE} h USING _fc_part p WHERE h.hour >= {lo_s} "
                     "AND p.hour = h.hour AND p.gpu_uuid = h.gpu_uuid").fetchall()
-        added = cur.execute(f"INSERT INTO {TABLE} BY NAME SELECT * FROM _fc_merged"
-                            ).fetchall()[0][0]
+        added = cur.execute(f"INSERT INTO {TABLE} BY NAME "
+                            f"{_in_hour_order('SELECT * FROM _fc_merged')}").fetchall()[0][0]
         rerolled = 0
         if late[0]:
             # re-roll the GPUs with late samples from their first late hour on
@@ -418,7 +428,8 @@ def _append(store: Store, cur: duckdb.DuckDBPyConnection, lo: dt.datetime,
                         "WHERE gpu_uuid IN (SELECT gpu_uuid FROM _fc_late))")
             rerolled = cur.execute(
                 f"INSERT INTO {TABLE} BY NAME "
-                f"{rollup_sql(_sql_ts(from_hour), hi_s, late_raw)}").fetchall()[0][0]
+                f"{_in_hour_order(rollup_sql(_sql_ts(from_hour), hi_s, late_raw))}"
+            ).fetchall()[0][0]
         _commit_mark(cur, hi)
     except BaseException:
         cur.execute("ROLLBACK").fetchall()
