@@ -38,7 +38,7 @@ fuzz: install
 	FLEETCARE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider tests/pipeline/test_fuzz_ingest.py
 
 lint: install
-	$(BIN)/ruff check collectors pipeline models api tests bench
+	$(BIN)/ruff check collectors pipeline models api tests bench notebooks
 
 typecheck: install
 	$(BIN)/mypy -p fleetcare.collectors -p fleetcare.pipeline -p fleetcare.models -p fleetcare.api
