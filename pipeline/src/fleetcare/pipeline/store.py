@@ -83,6 +83,17 @@ def one_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
     return rows[0]
 
 
+def _incoming_stats(c: duckdb.DuckDBPyConnection, key: tuple[str, ...]
+                    ) -> tuple[Any, Any, bool]:
+    """The registered ``incoming`` rows' oldest and newest ``ts`` and whether two of them
+    share a key, in one query."""
+    keys = ", ".join(key)
+    lo, hi, dups = one_row(c.execute(
+        "SELECT min(ts), max(ts), (SELECT count(*) > 0 FROM (SELECT "
+        f"{keys} FROM incoming GROUP BY ALL HAVING count(*) > 1)) FROM incoming"))
+    return lo, hi, bool(dups)
+
+
 def _naive_utc(ts: dt.datetime) -> dt.datetime:
     return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
 
@@ -278,33 +289,33 @@ class Store:
     def _insert_new(self, table: str, data: pa.Table, key: tuple[str, ...], *,
                     cur: duckdb.DuckDBPyConnection | None = None,
                     select: Callable[[str], str] | None = None,
-                    against: str | None = None) -> int:
+                    against: str | None = None, where: str = "TRUE",
+                    stats: tuple[Any, Any, bool] | None = None) -> int:
         """Insert rows of ``data`` whose key is not in ``against`` (default ``table``)
         yet; returns rows added. ``select``: the SELECT that makes a relation of incoming
-        rows the table's (default: every column as it is); ``cur``: a cursor inside the
-        caller's transaction."""
+        rows the table's (default: every column as it is); ``where``: only the incoming
+        rows it holds for are looked up and inserted; ``cur``: a cursor inside the
+        caller's transaction. With ``stats`` (``_incoming_stats``), the caller has
+        registered ``data`` as ``incoming`` on ``cur``."""
         if data.num_rows == 0:
             return 0
-        cond = " AND ".join(f"t.{k} IS NOT DISTINCT FROM n.{k}" for k in key)
         with self._lock:
             c = self.cursor() if cur is None else cur
-            c.register("incoming", data)
+            if stats is None:
+                c.register("incoming", data)
             try:
-                lo, hi = one_row(c.execute("SELECT min(ts), max(ts) FROM incoming"))
-                keys = ", ".join(key)
-                dups = one_row(c.execute(
-                    f"SELECT count(*) FROM (SELECT {keys} FROM incoming GROUP BY ALL "
-                    "HAVING count(*) > 1)"
-                ))[0]
+                lo, hi, dups = stats or _incoming_stats(c, key)
+                cond = " AND ".join(f"t.{k} IS NOT DISTINCT FROM n.{k}" for k in key)
                 # DISTINCT ON is costly on wide rows: only pay for it when needed.
-                distinct = f"DISTINCT ON ({keys})" if dups else ""
-                new = (f"(SELECT {distinct} n.* FROM incoming n "
-                       f"WHERE NOT EXISTS (SELECT 1 FROM {against or table} t "
+                distinct = f"DISTINCT ON ({', '.join(key)})" if dups else ""
+                new = (f"(SELECT {distinct} n.* FROM incoming n WHERE ({where}) "
+                       f"AND NOT EXISTS (SELECT 1 FROM {against or table} t "
                        f"WHERE t.ts BETWEEN ? AND ? AND {cond}))")
                 rows = select(new) if select is not None else f"SELECT * FROM {new}"
                 added = one_row(c.execute(f"INSERT INTO {table} {rows}", [lo, hi]))[0]
             finally:
-                c.unregister("incoming")
+                if stats is None:
+                    c.unregister("incoming")
                 if cur is None:
                     c.close()
         return int(added)
@@ -337,13 +348,21 @@ class Store:
                 return 0
             self.mark_dirty(pc.min(data.column("ts")).as_py())
             lists = ", ".join(schema.NVLINK_LISTS)
-            with self.transaction() as cur:  # the lists of the samples new to telemetry
-                self._insert_new("telemetry_nvlink", data, schema.SAMPLE_KEY, cur=cur,
-                                 against="telemetry",
-                                 select=lambda src: f"SELECT gpu_uuid, ts, {lists} FROM "
-                                                    f"{src} WHERE {schema.IRREGULAR_SQL}")
-                return self._insert_new("telemetry", data, schema.SAMPLE_KEY, cur=cur,
-                                        select=schema.stored_samples_sql)
+            with self.transaction() as cur:
+                cur.register("incoming", data)
+                try:  # one look at the batch serves both inserts
+                    stats = _incoming_stats(cur, schema.SAMPLE_KEY)
+                    # the lists of the irregular samples new to telemetry (only those
+                    # are looked up: few are), before the samples themselves land
+                    self._insert_new("telemetry_nvlink", data, schema.SAMPLE_KEY, cur=cur,
+                                     against="telemetry", where=schema.IRREGULAR_SQL,
+                                     stats=stats,
+                                     select=lambda src: f"SELECT gpu_uuid, ts, {lists} "
+                                                        f"FROM {src}")
+                    return self._insert_new("telemetry", data, schema.SAMPLE_KEY, cur=cur,
+                                            select=schema.stored_samples_sql, stats=stats)
+                finally:
+                    cur.unregister("incoming")
 
     def mark_dirty(self, lo: dt.datetime, *, key: str = DIRTY_SINCE_KEY) -> None:
         """Lower ``key`` (default ``DIRTY_SINCE_KEY``) to ``lo``, the oldest incoming ts.
