@@ -270,7 +270,16 @@ def main() -> int:
                     help="also score a minute after every urgent signal, as `fleetcare serve` "
                          "does (both figures are printed; slow: a live feature build per "
                          "signal)")
+    ap.add_argument("--fleet", action="append", metavar="NAME",
+                    help="simulate and score only these fleets of the groups (e.g. r512-0; "
+                         "repeatable): lets several processes fill a pool's stores at once, "
+                         "a run without it then reads them back")
     args = ap.parse_args()
+    known = {f.name for fs in GROUPS.values() for f in fs}
+    if unknown := sorted(set(args.fleet or ()) - known):
+        print(f"bench_fleet_pool: no fleet named {', '.join(unknown)}; the pool's fleets: "
+              f"{', '.join(sorted(known))}", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     blob, meta = prior.load()
     model = FailureModel.from_bytes(blob)
@@ -285,10 +294,15 @@ def main() -> int:
         if g == "compare":
             out[g] = compare(workdir, POOL_X4 + POOL_REAL, model)
             continue
-        runs = [run_fleet(workdir, f, model, events=args.events) for f in GROUPS[g]]
+        fleets = [f for f in GROUPS[g] if not args.fleet or f.name in args.fleet]
+        if not fleets:
+            continue
+        runs = [run_fleet(workdir, f, model, events=args.events) for f in fleets]
         out[g] = summarise(runs, threshold)
-    targets = {}
-    if "x4" in out:
+    targets: dict[str, Any] = {}
+    if args.fleet:  # a part of a pool: no target is judged on it
+        out["only_fleets"] = sorted(args.fleet)
+    elif "x4" in out:
         p, gp = out["x4"]["pooled"], out["x4"]["goodput"]
         fc, rx = gp["fleetcare"]["gpu_hours_recovered"], gp["reactive_xid"]["gpu_hours_recovered"]
         fd = p["false_drains_per_1000_node_days"] or 0.0
@@ -304,7 +318,7 @@ def main() -> int:
             h, u = out["home"]["pooled"]["pr_auc"], p["pr_auc"]
             targets["x4_unseen_pr_auc"] = {"home": h, "unseen": u,
                                            "pass": bool(h and u and u >= 0.8 * h)}
-    if "real" in out:
+    if "real" in out and not args.fleet:
         p = out["real"]["pooled"]
         fd = p["false_drains_per_1000_node_days"] or 0.0
         targets["real_recall"] = {"value": p["precursor_recall_at_budget"],
