@@ -146,12 +146,21 @@ def run_ingest(*args: str, timeout: float = 90) -> dict[str, object]:
 
 def wait_for_progress(url: str, group: str, beyond: int, procs: list[subprocess.Popen[str]],
                       timeout: float = 40.0) -> int:
-    """Block until the group's committed offsets pass ``beyond``; returns the new sum."""
+    """Block until the group's committed offsets pass ``beyond``; returns the new sum.
+    A retriable broker error (the group's coordinator not available for a moment) is
+    asked again until the deadline."""
+    from kafka.errors import KafkaError
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         for p in procs:
             assert p.poll() is None, f"ingest exited early with {p.returncode}"
-        now = committed(url, group)
+        try:
+            now = committed(url, group)
+        except KafkaError as e:  # e.g. the group's coordinator moving after a SIGKILL
+            if not e.retriable:
+                raise
+            now = beyond  # not known yet: ask again
         if now > beyond:
             return now
         time.sleep(0.2)
