@@ -130,9 +130,26 @@ def ingest_cmd(*args: str) -> list[str]:
 
 
 def start_ingest(*args: str, log: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # info: the log says "ingest.started" (``wait_started``) and what each worker did
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "FLEETCARE_CLI_LOG_LEVEL": "info"}
     return subprocess.Popen(ingest_cmd(*args), cwd=ROOT, env=env, text=True,
                             stdout=subprocess.PIPE, stderr=open(log, "a"))  # noqa: SIM115
+
+
+def wait_started(log: Path, procs: list[subprocess.Popen[str]], timeout: float = 60.0) -> None:
+    """Block until ``log`` says ``ingest.started`` for each of ``procs``: from then on it
+    handles SIGTERM (one signalled while still importing dies of it, with nothing read)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+        started = {ln.split(" pid=", 1)[1].split(" ", 1)[0] for ln in lines
+                   if "ingest.started " in ln and " pid=" in ln}
+        if all(str(p.pid) in started for p in procs):
+            return
+        for p in procs:
+            assert p.poll() is None, f"ingest exited early with {p.returncode}"
+        time.sleep(0.1)
+    pytest.fail(f"the ingest workers did not all start within {timeout} s (see {log})")
 
 
 def run_ingest(*args: str, timeout: float = 90) -> dict[str, object]:

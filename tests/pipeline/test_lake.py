@@ -35,6 +35,7 @@ from tests.pipeline.test_ingest_worker import (
     sigkill,
     start_ingest,
     wait_for_progress,
+    wait_started,
 )
 
 LAKE_VIEWS = {t: f"lake_{t}" for t in ("telemetry", "xid_events", "incidents")}
@@ -180,6 +181,7 @@ def test_two_lake_workers_sigkill_five_times_every_record_exactly_once(
             sigkill(procs[victim])
             procs[victim] = start_ingest(*args(victim), log=log)
         producer.finish()
+        wait_started(log, procs)  # the restarted victim too, not still importing
         for p in procs:  # SIGTERM: finish the batch, write, commit, exit 0
             p.send_signal(signal.SIGTERM)
             p.communicate(timeout=30)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -173,10 +174,10 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
             from fleetcare.collectors.agent_metrics import serve_metrics
 
             server = serve_metrics(worker, port=args.metrics_port)  # type: ignore[arg-type]
-        log.info("ingest.started worker=%s bus=%s into=%s", worker_id, mask_secrets(args.bus),
-                 target)
         try:
-            with handle_signals(worker):
+            with handle_signals(worker):  # "started": from here SIGTERM ends it cleanly
+                log.info("ingest.started worker=%s pid=%d bus=%s into=%s", worker_id,
+                         os.getpid(), mask_secrets(args.bus), target)
                 summary = worker.run()
         finally:
             if server is not None:
