@@ -94,6 +94,26 @@ def _incoming_stats(c: duckdb.DuckDBPyConnection, key: tuple[str, ...]
     return lo, hi, bool(dups)
 
 
+def _insert_incoming(c: duckdb.DuckDBPyConnection, table: str, key: tuple[str, ...],
+                     stats: tuple[Any, Any, bool], *,
+                     select: Callable[[str], str] | None = None,
+                     against: str | None = None, where: str = "TRUE") -> int:
+    """Insert the registered ``incoming`` rows whose key is not in ``against`` (default
+    ``table``) yet; returns rows added. ``stats``: ``_incoming_stats`` of them;
+    ``select``: the SELECT that makes a relation of incoming rows the table's (default:
+    every column as it is); ``where``: only the rows it holds for are looked up and
+    inserted."""
+    lo, hi, dups = stats
+    cond = " AND ".join(f"t.{k} IS NOT DISTINCT FROM n.{k}" for k in key)
+    # DISTINCT ON is costly on wide rows: only pay for it when needed.
+    distinct = f"DISTINCT ON ({', '.join(key)})" if dups else ""
+    new = (f"(SELECT {distinct} n.* FROM incoming n WHERE ({where}) "
+           f"AND NOT EXISTS (SELECT 1 FROM {against or table} t "
+           f"WHERE t.ts BETWEEN ? AND ? AND {cond}))")
+    rows = select(new) if select is not None else f"SELECT * FROM {new}"
+    return int(one_row(c.execute(f"INSERT INTO {table} {rows}", [lo, hi]))[0])
+
+
 def _naive_utc(ts: dt.datetime) -> dt.datetime:
     return ts.astimezone(dt.UTC).replace(tzinfo=None) if ts.tzinfo else ts
 
@@ -286,39 +306,19 @@ class Store:
         self.close()
 
     # -- inserts ------------------------------------------------------------------
-    def _insert_new(self, table: str, data: pa.Table, key: tuple[str, ...], *,
-                    cur: duckdb.DuckDBPyConnection | None = None,
-                    select: Callable[[str], str] | None = None,
-                    against: str | None = None, where: str = "TRUE",
-                    stats: tuple[Any, Any, bool] | None = None) -> int:
-        """Insert rows of ``data`` whose key is not in ``against`` (default ``table``)
-        yet; returns rows added. ``select``: the SELECT that makes a relation of incoming
-        rows the table's (default: every column as it is); ``where``: only the incoming
-        rows it holds for are looked up and inserted; ``cur``: a cursor inside the
-        caller's transaction. With ``stats`` (``_incoming_stats``), the caller has
-        registered ``data`` as ``incoming`` on ``cur``."""
+    def _insert_new(self, table: str, data: pa.Table, key: tuple[str, ...]) -> int:
+        """Insert rows of ``data`` whose key is not in ``table`` yet (``_insert_incoming``);
+        returns rows added."""
         if data.num_rows == 0:
             return 0
         with self._lock:
-            c = self.cursor() if cur is None else cur
-            if stats is None:
-                c.register("incoming", data)
+            c = self.cursor()
+            c.register("incoming", data)
             try:
-                lo, hi, dups = stats or _incoming_stats(c, key)
-                cond = " AND ".join(f"t.{k} IS NOT DISTINCT FROM n.{k}" for k in key)
-                # DISTINCT ON is costly on wide rows: only pay for it when needed.
-                distinct = f"DISTINCT ON ({', '.join(key)})" if dups else ""
-                new = (f"(SELECT {distinct} n.* FROM incoming n WHERE ({where}) "
-                       f"AND NOT EXISTS (SELECT 1 FROM {against or table} t "
-                       f"WHERE t.ts BETWEEN ? AND ? AND {cond}))")
-                rows = select(new) if select is not None else f"SELECT * FROM {new}"
-                added = one_row(c.execute(f"INSERT INTO {table} {rows}", [lo, hi]))[0]
+                return _insert_incoming(c, table, key, _incoming_stats(c, key))
             finally:
-                if stats is None:
-                    c.unregister("incoming")
-                if cur is None:
-                    c.close()
-        return int(added)
+                c.unregister("incoming")
+                c.close()
 
     def insert_table(self, table: str, data: pa.Table) -> int:
         """Land Arrow rows of a contract table (telemetry, xid_events, incidents) with
@@ -354,13 +354,12 @@ class Store:
                     stats = _incoming_stats(cur, schema.SAMPLE_KEY)
                     # the lists of the irregular samples new to telemetry (only those
                     # are looked up: few are), before the samples themselves land
-                    self._insert_new("telemetry_nvlink", data, schema.SAMPLE_KEY, cur=cur,
+                    _insert_incoming(cur, "telemetry_nvlink", schema.SAMPLE_KEY, stats,
                                      against="telemetry", where=schema.IRREGULAR_SQL,
-                                     stats=stats,
                                      select=lambda src: f"SELECT gpu_uuid, ts, {lists} "
                                                         f"FROM {src}")
-                    return self._insert_new("telemetry", data, schema.SAMPLE_KEY, cur=cur,
-                                            select=schema.stored_samples_sql, stats=stats)
+                    return _insert_incoming(cur, "telemetry", schema.SAMPLE_KEY, stats,
+                                            select=schema.stored_samples_sql)
                 finally:
                     cur.unregister("incoming")
 
