@@ -28,27 +28,27 @@ def _hours_in_storage_order(store: Store) -> np.ndarray:
             .to_arrow_table().column("hour").to_numpy())
 
 
-def _store(tmp_path: Path, name: str) -> tuple[Store, FleetSimulator]:
+def _sim() -> FleetSimulator:
     spec = FleetSpec(nodes=6, seed=3)
-    sim = FleetSimulator(spec, simulate_incidents(spec, 4))
-    store = Store(tmp_path / f"{name}.duckdb")
-    load_history(store, sim, spec.start, spec.start + dt.timedelta(days=3), interval_s=600)
-    return store, sim
-
-
-def test_a_bulk_rollup_is_stored_in_hour_order(tmp_path: Path) -> None:
-    store, _ = _store(tmp_path, "bulk")
-    rollup.refresh(store)
-    hours = _hours_in_storage_order(store)
-    assert len(np.unique(hours)) == 72 and len(hours) == 72 * 48
-    assert (np.diff(hours) >= np.timedelta64(0)).all()
-    rollup.refresh(store, full=True)
-    assert (np.diff(_hours_in_storage_order(store)) >= np.timedelta64(0)).all()
+    return FleetSimulator(spec, simulate_incidents(spec, 4))
 
 
 def _runs(hours: np.ndarray) -> int:
     """How many ascending runs the hours make in storage order."""
     return 1 + int((np.diff(hours) < np.timedelta64(0)).sum())
+
+
+def test_a_bulk_rollup_is_stored_in_hour_order(tmp_path: Path) -> None:
+    sim = _sim()
+    store = Store(tmp_path / "bulk.duckdb")
+    load_history(store, sim, sim.spec.start, sim.spec.start + dt.timedelta(days=3),
+                 interval_s=600)
+    rollup.refresh(store)
+    hours = _hours_in_storage_order(store)
+    assert len(np.unique(hours)) == 72 and len(hours) == 72 * 48
+    assert _runs(hours) == 1
+    rollup.refresh(store, full=True)
+    assert _runs(_hours_in_storage_order(store)) == 1
 
 
 @pytest.mark.parametrize("case", ["new_node_backlog", "late_samples"])
@@ -57,8 +57,8 @@ def test_appended_and_rerolled_rows_are_inserted_in_hour_order(tmp_path: Path,
     """A node's samples land after the rest was rolled up: all of them (a new node with
     two days of backlog: the appending path) or its middle 44 hours (late samples: its
     hours are re-rolled). Each insert is one run in hour order after the first refresh's."""
-    spec = FleetSpec(nodes=6, seed=3)
-    sim = FleetSimulator(spec, simulate_incidents(spec, 4))
+    sim = _sim()
+    spec = sim.spec
     store = Store(tmp_path / f"{case}.duckdb")
     node = sim.layout.node_names[2]
     t0 = np.datetime64(spec.start.replace(tzinfo=None), "us")
