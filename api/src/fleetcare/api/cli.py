@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-PLUGIN_COMMANDS = ("simulate", "train", "score", "serve", "demo", "ingest", "quarantine", "incident",
-                   "backfill", "retention", "tokens", "alerts", "drain", "evaluate", "models",
-                   "recurrence")
+PLUGIN_COMMANDS = ("simulate", "train", "score", "serve", "demo", "ingest", "quarantine",
+                   "incident", "backfill", "rollup", "retention", "tokens", "alerts", "drain",
+                   "evaluate", "models", "recurrence")
 """Commands that live in their own module ``fleetcare.api.commands.<name>``, each with
 ``add_parser(subparsers) -> None`` (registering exactly one sub-command named <name>)
 and ``run(args, cfg: Settings) -> int``; what they share is public in
