@@ -80,6 +80,11 @@ def test_live_reads_the_current_partial_hour_like_the_next_grid_time(store: Stor
     grid = _rows(nic_features.grid(store, T0 + 11 * H, T0 + 11 * H))
     assert set(live) == {(at(10.5), "n1"), (at(10.5), "n2")}
     assert live[(at(10.5), "n1")] == grid[(at(11), "n1")]
+    # every hour: the one-hour query equals the grid's window functions
+    g = _rows(nic_features.grid(store, T0 + 2 * H, T0 + 41 * H))
+    for h in range(2, 42):
+        one = _rows(nic_features.latest(store, T0 + h * H))
+        assert one == {k: v for k, v in g.items() if k[0] == at(h)}
     only = nic_features.latest(store, T0 + 10.5 * H, nodes=["n2"])
     assert only.column("node").to_pylist() == ["n2"]
     # a node down (no port rows in that hour) has no row; far past the data, none has

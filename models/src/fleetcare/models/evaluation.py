@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleetcare.models import baselines as B
-from fleetcare.models import dataset
+from fleetcare.models import dataset, network_head
 from fleetcare.models import goodput_sim as G
 from fleetcare.models import metrics as M
 from fleetcare.models import training as T
@@ -255,6 +255,19 @@ def _cal_scores(fleets: Sequence[Fleet], predict: dataset.Predict
     return _joined(parts), dataset._concat(keys)
 
 
+def _with_head(s: NodeScores, head: Any, fleets: Sequence[Fleet], period: str
+               ) -> NodeScores:
+    """``s`` with each node's risk combined with the network head's (none: as it is), over
+    the fleets' ``test`` or ``cal`` period."""
+    if head is None or len(s.ts) == 0:
+        return s
+    spans = [(f.store, *((f.test_from, f.splits.end) if period == "test"
+                         else (f.splits.cal_start, f.splits.test_start)), f.shard)
+             for f in fleets]
+    risk = network_head.adjuster(head, spans)(s.ts, s.node, s.risk)
+    return NodeScores(s.ts, s.node, risk, s.label, s.known)
+
+
 def _rule(fleets: Sequence[Fleet], fn: Callable[..., B.RuleAlarms], t0: dt.datetime,
           t1: dt.datetime) -> B.RuleAlarms:
     """A rule's alarms over every shard, its node names prefixed like the shard's."""
@@ -301,6 +314,11 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     if model is None:
         say("training the model")
         model = _fit_model(train, cfg)
+        model.network_head_ = network_head.fit(  # labelled over W, as training does
+            [network_head.Period(f.store, f.splits.start, f.splits.cal_start,
+                                 f.splits.test_start, f.shard) for f in train],
+            horizon_h=cfg.window_h, seed=cfg.seed)
+    head = model.network_head_
     negatives = min(f.fit.negatives for f in train)
     train_rows = dataset._concat([f.fit.train for f in train])
     names = T.model_features(T.feature_columns(train_rows.drop_columns([dataset.WEIGHT])))
@@ -322,7 +340,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     say("scoring the test period" + (" (model, logistic, fleet prior)" if shipped else ""))
     tp = _test_period(test, predictors)
     failures = tp.failures
-    s_model = tp.scores("model")
+    s_model = _with_head(tp.scores("model"), head, test, "test")
     p = tp.p["model"]
     node_days = len(s_model.ts) * cfg.every_s / 86400.0
     y_te = T._bool(tp.keys, "label")[tp.known] if tp.keys.num_rows else np.zeros(0, bool)
@@ -330,6 +348,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     out_model, leads = _method_metrics(s_model, failures, cfg, node_days)
     out_model["ece"] = M.expected_calibration_error(y_te, p[tp.known])
     out_model["gpu_pr_auc"] = M.average_precision(y_te, p[tp.known])
+    out_model["network_head"] = T.head_summary(head)
     s_log = tp.scores("logistic")
     out_log, _ = _method_metrics(s_log, failures, cfg, node_days)
     out_prior = (_prior_metrics(tp.scores("prior"), shipped, failures, cfg, node_days)
@@ -354,6 +373,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
                            checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
 
     s_cal, cal_keys = _cal_scores(train, predictors["model"])
+    s_cal = _with_head(s_cal, head, train, "cal")
     cal_jobs = jobs_of(cal_keys)
     c0 = s_cal.ts.min() if len(s_cal.ts) else start
     c1 = (s_cal.ts.max() if len(s_cal.ts) else start) + np.timedelta64(cfg.every_s, "s")

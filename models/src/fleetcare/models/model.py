@@ -157,6 +157,11 @@ def _apply_calibrator(cal: Mapping[str, Any], margin: np.ndarray) -> np.ndarray:
 class FailureModel:
     """P(failure within ``horizon_h``) per GPU from its features; LightGBM + calibration."""
 
+    network_head_: FailureModel | None = None
+    """A node-level model of network failures (``network_head``), when one was fitted
+    (set by ``training``; a class default, as nothing is fitted in ``__init__``): a node's
+    risk combines it with its GPUs' (``network_head.combine``)."""
+
     def __init__(self, *, horizon_h: float = 24.0, seed: int = 0, n_estimators: int = 200,
                  num_leaves: int = 31, learning_rate: float = 0.05,
                  min_child_samples: int = 10, feature_fraction: float = 0.9,
@@ -348,6 +353,9 @@ class FailureModel:
             "calibrator": self.calibrator_,
             "booster": self.booster_.model_to_string(),
         }
+        head = self.network_head_
+        if head is not None:  # a node-level network model (``network_head``) rides along
+            doc["network_head"] = json.loads(head.to_bytes())
         return json.dumps(doc, sort_keys=True).encode()
 
     @classmethod
@@ -369,6 +377,9 @@ class FailureModel:
             model.n_train_positives_ = int(doc["n_train_positives"])
             model.n_cal_positives_ = int(doc["n_cal_positives"])
             model.calibrator_ = dict(doc["calibrator"])
+            head = doc.get("network_head")
+            model.network_head_ = (None if head is None
+                                   else cls.from_bytes(json.dumps(head).encode()))
         except ModelFormatError:
             raise
         except (ValueError, KeyError, TypeError, lgb.basic.LightGBMError) as exc:

@@ -152,8 +152,19 @@ def evaluate_on_period(store: Store, models: dict[str, FailureModel], start: dt.
         keep=known)
     every = np.ones(scored.num_rows, dtype=bool)
     return {name: training.evaluate_scored(scored.keys, scored.p[name], every,
-                                           horizon_h=horizon_h, every_s=every_s)
-            for name in models}
+                                           horizon_h=horizon_h, every_s=every_s,
+                                           node_adjust=_network(model, store, start, end))
+            for name, model in models.items()}
+
+
+def _network(model: FailureModel, store: Store, start: dt.datetime, end: dt.datetime
+             ) -> training.NodeAdjust | None:
+    """How a model's network head changes its node risks over ``[start, end]`` (None: it
+    has none), as scoring combines them."""
+    from fleetcare.models import network_head
+
+    head = model.network_head_
+    return None if head is None else network_head.adjuster(head, [(store, start, end, "")])
 
 
 def _predictor(model: FailureModel) -> Callable[[pa.Table], np.ndarray]:

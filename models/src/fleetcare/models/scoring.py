@@ -13,6 +13,9 @@ Tables and views (created here, IF NOT EXISTS)::
 same ts again with the same model replaces its rows). ``risk`` is the calibrated
 probability of a failure within the model's horizon; a node's risk is
 ``1 - prod(1 - p_gpu)`` and its reasons are its riskiest GPU's, prefixed ``"GPU <index>: "``.
+A model with a network head (``network_head``) combines the node's probability of a
+cable/switch or NIC failure in the same way; where that outweighs the GPUs, the node's
+reasons say what its InfiniBand ports counted (``"network risk NN%: InfiniBand: ..."``).
 ``reasons`` is a JSON list of sentences.
 
 Readers that keep the latest scores in memory (the API's ``/v1/risk`` and node pages)
@@ -220,6 +223,37 @@ def _explain_riskiest(m: FailureModel, feats: pa.Table, rows: np.ndarray) -> lis
     return explain(m, sub, fleet_medians(feats, m.feature_names_in_))
 
 
+NETWORK_NODES_LISTED = 64
+"""Up to this many nodes, the network head reads only theirs (an event rescoring);
+beyond, the whole fleet's rows in one query."""
+
+
+def _with_network(m: FailureModel, store: Store, ts: dt.datetime, nodes: list[str],
+                  node_risk: np.ndarray, floor: float) -> dict[int, list[str]]:
+    """Combine ``node_risk`` (in place) with the model's network head, when it has one
+    (``network_head``); returns reasons for the nodes whose network risk outweighs
+    their GPUs' and whose risk reaches ``floor``."""
+    head = m.network_head_
+    if head is None or not nodes:
+        return {}
+    from fleetcare.models import network_head
+
+    t, p_net = network_head.predict_latest(
+        head, store, ts, nodes=nodes if len(nodes) <= NETWORK_NODES_LISTED else None)
+    pos = {n: k for k, n in enumerate(nodes)}
+    rows = t.to_pylist()
+    out: dict[int, list[str]] = {}
+    for row, p in zip(rows, p_net.tolist(), strict=True):
+        k = pos.get(row["node"])
+        if k is None:
+            continue
+        gpu_risk = float(node_risk[k])
+        node_risk[k] = float(network_head.combine(np.array([gpu_risk]), np.array([p]))[0])
+        if p > gpu_risk and node_risk[k] >= floor:
+            out[k] = network_head.reasons(row, p)
+    return out
+
+
 def score(store: Store, *, at: dt.datetime | None = None, model: str | None = None,
           features: pa.Table | None = None, explain_top: int = EXPLAIN_TOP,
           explain_floor: float = EXPLAIN_FLOOR) -> ScoreResult:
@@ -283,6 +317,8 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
     reasons = ["[]"] * n
     for i, r in texts.items():
         reasons[i] = json.dumps(r)
+    net_texts = _with_network(m, store, ts_naive, node_names.to_pylist(), node_risk,
+                              explain_floor)
 
     order_a = pa.array(order)
     uuid_col = feats.column("gpu_uuid").cast(pa.string())
@@ -304,6 +340,8 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
     for k in np.flatnonzero(np.isin(top_gpu, explained)).tolist():
         g = int(top_gpu[k])
         node_reasons[k] = json.dumps([f"GPU {idxs[g]}: {t}" for t in texts[g]])
+    for k, r in net_texts.items():  # the network outweighs the node's GPUs
+        node_reasons[k] = json.dumps(r)
     node = pa.table({
         "ts": pa.repeat(pa.scalar(ts_naive, pa.timestamp("us")), n_nodes),
         "node": node_names.take(node_order),

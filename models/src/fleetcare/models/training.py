@@ -279,14 +279,20 @@ def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_
                            window_h=window_h)
 
 
+NodeAdjust = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""(ts, node, node risk) -> node risk: e.g. combined with a network head's."""
+
+
 def evaluate_scored(keys: pa.Table, p: np.ndarray, labeled: np.ndarray, *, horizon_h: float,
-                    every_s: int, window_h: float = M.WINDOW_H) -> dict[str, Any]:
+                    every_s: int, window_h: float = M.WINDOW_H,
+                    node_adjust: NodeAdjust | None = None) -> dict[str, Any]:
     """Held-out metrics of the GPU probabilities ``p`` of the rows ``keys`` (ts, node,
     labels: ``dataset.Scored``).
 
     Alarms use every row and are judged over ``window_h``; row-level metrics (PR-AUC,
     calibration) use only the rows in ``labeled``, those whose label horizon ends inside
-    the data.
+    the data. ``node_adjust`` changes the node risks before they are judged (the network
+    head's share, ``network_head.combine_at``).
     """
     known = np.asarray(labeled, dtype=bool)
     y = _bool(keys, "label") if keys.num_rows else np.zeros(0, dtype=bool)
@@ -298,7 +304,10 @@ def evaluate_scored(keys: pa.Table, p: np.ndarray, labeled: np.ndarray, *, horiz
     node_known = g.any(known)  # depends on ts only: any GPU row = all
     node_days = len(g.ts) * every_s / 86400.0
     failures = failures_in(keys)
-    out = M.node_metrics(g.ts, g.node, g.risk(p), node_label, failures, window_h, node_days,
+    risk = g.risk(p)
+    if node_adjust is not None:
+        risk = node_adjust(g.ts, g.node, risk)
+    out = M.node_metrics(g.ts, g.node, risk, node_label, failures, window_h, node_days,
                          labeled=node_known, grace=np.timedelta64(every_s, "s"))
     y, p = y[known], np.asarray(p)[known]
     out.update({
@@ -336,7 +345,8 @@ def _fit_and_score(fit_tables: Iterable[pa.Table], test_tables: Iterable[pa.Tabl
                    splits: Splits, *, failures: Sequence[M.Failure], total_failures: int,
                    negatives: float, horizon_h: float, seed: int, every_s: int,
                    label_end: dt.datetime, params: dict[str, Any] | None, say: Progress,
-                   window_h: float, min_failures: int) -> tuple[FailureModel, dict[str, Any]]:
+                   window_h: float, min_failures: int,
+                   node_adjust: NodeAdjust | None = None) -> tuple[FailureModel, dict[str, Any]]:
     """The core of ``train`` and ``fit_and_evaluate``: fit rows from ``fit_tables``
     (``dataset.fit_rows``), the model, then the test period's rows from ``test_tables``
     scored one table at a time (``dataset.score``) and measured (``evaluate_scored``)."""
@@ -368,7 +378,8 @@ def _fit_and_score(fit_tables: Iterable[pa.Table], test_tables: Iterable[pa.Tabl
                            keep=in_test)
     ts = ts_column(scored.keys) if scored.num_rows else np.zeros(0, "datetime64[us]")
     metrics = evaluate_scored(scored.keys, scored.p["model"], np.asarray(ts + H <= last),
-                              horizon_h=horizon_h, every_s=every_s, window_h=window_h)
+                              horizon_h=horizon_h, every_s=every_s, window_h=window_h,
+                              node_adjust=node_adjust)
     metrics.update({
         "calibration": model.calibrator_["kind"], **counts,
         "healthy_rows_sampled": M.json_float(negatives),
@@ -396,6 +407,33 @@ def fit_and_evaluate(table: pa.Table, splits: Splits, *, horizon_h: float = 24.0
                           label_end=label_end or splits.end, params=params,
                           say=progress or (lambda _msg: None), window_h=window_h,
                           min_failures=min_failures)
+
+
+def head_summary(head: FailureModel | None) -> dict[str, Any] | None:
+    """What a model's metrics say of its network head (None: it has none)."""
+    if head is None:
+        return None
+    return {"train_positives": head.n_train_positives_, "cal_positives": head.n_cal_positives_,
+            "calibration": head.calibrator_["kind"], "features": head.n_features_in_,
+            "horizon_h": head.horizon_h}
+
+
+def _network_head(store: Store, splits: Splits, test_from: dt.datetime, end: dt.datetime, *,
+                  window_h: float, seed: int, say: Progress
+                  ) -> tuple[FailureModel | None, NodeAdjust | None]:
+    """The fleet's network head (``network_head.fit``, labelled over the warning window;
+    None without enough network failures) and how it adjusts the test period's node
+    risks."""
+    from fleetcare.models import network_head
+
+    head = network_head.fit([network_head.Period(store, splits.start, splits.cal_start,
+                                                 splits.test_start)],
+                            horizon_h=window_h, seed=seed)
+    if head is None:
+        return None, None
+    say(f"network head fitted on {head.n_train_positives_} node-hours before a network "
+        "failure")
+    return head, network_head.adjuster(head, [(store, test_from, end, "")])
 
 
 def _telemetry_range(store: Store) -> tuple[dt.datetime, dt.datetime]:
@@ -443,11 +481,16 @@ def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
     test_tables = (dataset.chunks(store, g.test_from, end, every_s=every_s,
                                   horizon_h=horizon_h, chunk=g.chunk, say=say)
                    if g.test_from <= end else iter(()))
+    head, adjust = _network_head(store, splits, g.test_from, end, window_h=M.WINDOW_H,
+                                 seed=seed, say=say)
     model, metrics = _fit_and_score(fit_tables, test_tables, splits, failures=failures,
                                     total_failures=len(failures), negatives=g.negatives(),
                                     horizon_h=horizon_h, seed=seed, every_s=every_s,
                                     label_end=hi, params=params, say=say,
-                                    window_h=M.WINDOW_H, min_failures=min_failures)
+                                    window_h=M.WINDOW_H, min_failures=min_failures,
+                                    node_adjust=adjust)
+    model.network_head_ = head
+    metrics["network_head"] = head_summary(head)
     log.info("model.trained rows=%d pr_auc=%s recall_at_budget=%s", metrics["train_rows"],
              metrics.get("pr_auc"), metrics.get("recall_at_budget"))
     if not register:

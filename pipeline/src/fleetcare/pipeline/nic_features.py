@@ -48,16 +48,8 @@ FEATURE_NAMES: tuple[str, ...] = (
 )
 
 
-def _sql(lo_hour: dt.datetime, hi_hour: dt.datetime, nodes: list[str] | None) -> tuple[str, list]:
-    """Rows (hour, node, features) for the hours ``lo_hour`` .. ``hi_hour``: each row
-    counts the ports' hours up to and including ``hour``."""
-    span = max(WINDOWS_H)
-    frame = "PARTITION BY node, device, port ORDER BY hour RANGE BETWEEN INTERVAL {} HOURS " \
-            "PRECEDING AND CURRENT ROW"
-    rolled = [f"sum({k}) OVER ({frame.format(w - 1)}) AS {k}_{w}h"
-              for k in COUNTERS for w in WINDOWS_H]
-    rolled += [f"min(min_rate_gbps) OVER ({frame.format(23)}) AS rate_min_24h",
-               f"max(max_rate_gbps) OVER ({frame.format(23)}) AS rate_max_24h"]
+def _per_node() -> str:
+    """The node aggregates over per-port window sums ``<c>_<w>h`` and rates."""
     per_node = []
     for k in COUNTERS:
         per_node += [f"sum({k}_{w}h)::DOUBLE AS node_{k}_{w}h" for w in WINDOWS_H]
@@ -65,24 +57,64 @@ def _sql(lo_hour: dt.datetime, hi_hour: dt.datetime, nodes: list[str] | None) ->
                      f"count_if({k}_24h > 0)::DOUBLE AS ports_{k}_24h"]
     per_node.append("(min(rate_min_24h) / nullif(max(rate_max_24h), 0))::DOUBLE "
                     "AS rate_ratio_24h")
-    params: list = [lo_hour - dt.timedelta(hours=span - 1), hi_hour]
+    return ", ".join(per_node)
+
+
+def _ports(lo_hour: dt.datetime, hi_hour: dt.datetime, nodes: list[str] | None
+           ) -> tuple[str, list[object]]:
+    """The CTE ``ph``: port-hours from ``max(WINDOWS_H) - 1`` hours before ``lo_hour`` to
+    ``hi_hour``, counters by short name (null: 0)."""
+    params: list[object] = [lo_hour - dt.timedelta(hours=max(WINDOWS_H) - 1), hi_hour]
     only = ""
     if nodes is not None:
         only = "AND list_contains(?, node)"
         params.append(list(nodes))
-    params.append(lo_hour)
-    sql = f"""
-WITH ph AS (
+    return f"""ph AS (
   SELECT node, device, port, hour,
     {", ".join(f"coalesce({c}, 0) AS {k}" for k, c in COUNTERS.items())},
     min_rate_gbps, max_rate_gbps
   FROM {nic_rollup.TABLE} WHERE hour >= ? AND hour <= ? {only}
-),
+)""", params
+
+
+def _grid_sql(lo_hour: dt.datetime, hi_hour: dt.datetime, nodes: list[str] | None
+              ) -> tuple[str, list[object]]:
+    """Rows (hour, node, features) for the hours ``lo_hour`` .. ``hi_hour``: each counts
+    its ports' hours up to and including ``hour`` (window functions over every hour)."""
+    frame = "PARTITION BY node, device, port ORDER BY hour RANGE BETWEEN INTERVAL {} HOURS " \
+            "PRECEDING AND CURRENT ROW"
+    rolled = [f"sum({k}) OVER ({frame.format(w - 1)}) AS {k}_{w}h"
+              for k in COUNTERS for w in WINDOWS_H]
+    rolled += [f"min(min_rate_gbps) OVER ({frame.format(23)}) AS rate_min_24h",
+               f"max(max_rate_gbps) OVER ({frame.format(23)}) AS rate_max_24h"]
+    ports, params = _ports(lo_hour, hi_hour, nodes)
+    sql = f"""
+WITH {ports},
 pw AS (SELECT node, device, port, hour, {", ".join(rolled)} FROM ph)
-SELECT hour, node, {", ".join(per_node)}
+SELECT hour, node, {_per_node()}
 FROM pw WHERE hour >= ? GROUP BY hour, node
 """
-    return sql, params
+    return sql, [*params, lo_hour]
+
+
+def _hour_sql(hour: dt.datetime, nodes: list[str] | None) -> tuple[str, list[object]]:
+    """The row of ``_grid_sql`` for one hour, by filtered sums (no window functions: what
+    live scoring reads every cycle)."""
+    def since(w: int) -> str:
+        return f"hour > TIMESTAMP '{(hour - dt.timedelta(hours=w)).isoformat(sep=' ')}'"
+    sums = [f"sum({k}) FILTER (WHERE {since(w)}) AS {k}_{w}h"
+            for k in COUNTERS for w in WINDOWS_H]
+    sums += [f"min(min_rate_gbps) FILTER (WHERE {since(24)}) AS rate_min_24h",
+             f"max(max_rate_gbps) FILTER (WHERE {since(24)}) AS rate_max_24h"]
+    ports, params = _ports(hour, hour, nodes)
+    sql = f"""
+WITH {ports},
+pw AS (SELECT node, device, port, {", ".join(sums)} FROM ph GROUP BY node, device, port
+       HAVING max(hour) = ?)
+SELECT ?::TIMESTAMP AS hour, node, {_per_node()}
+FROM pw GROUP BY node
+"""
+    return sql, [*params, hour, hour]
 
 
 def _naive(ts: dt.datetime) -> dt.datetime:
@@ -99,7 +131,7 @@ def grid(store: Store, lo: dt.datetime, hi: dt.datetime, *,
     """Rows (ts, node, ``FEATURE_NAMES``) for every hour ``ts`` in ``[lo, hi]`` (both
     rounded up to the hour), ordered by ts and node."""
     a, b = _hour_ceil(_naive(lo)), _hour_ceil(_naive(hi))
-    sql, params = _sql(a - dt.timedelta(hours=1), b - dt.timedelta(hours=1), nodes)
+    sql, params = _grid_sql(a - dt.timedelta(hours=1), b - dt.timedelta(hours=1), nodes)
     cur = store.cursor()
     try:
         if not _has_rollup(cur):
@@ -115,7 +147,7 @@ def latest(store: Store, at: dt.datetime, *, nodes: list[str] | None = None) -> 
     hour before ``hour_ceil(at)``, ordered by node."""
     t = _naive(at)
     hour = _hour_ceil(t) - dt.timedelta(hours=1)
-    sql, params = _sql(hour, hour, nodes)
+    sql, params = _hour_sql(hour, nodes)
     cur = store.cursor()
     try:
         if not _has_rollup(cur):

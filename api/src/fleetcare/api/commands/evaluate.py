@@ -25,7 +25,12 @@ itself); the test period keeps every row.
                "simulation": [the simulator's settings of each store] | null},
      "model": {"pr_auc", "recall_at_budget", "recall_ci95": [lo, hi] (Wilson, 95 %),
                "n_failures", "detected", "false_drains_per_1000_node_days",
-               "median_lead_time_h", "p10_lead_time_h", "recall_by_mode": {...}, "ece", ...},
+               "median_lead_time_h", "p10_lead_time_h", "recall_by_mode": {...}, "ece",
+               "network_head": {"train_positives", "cal_positives", "calibration",
+                                "features", "horizon_h"} | null, ...},
+                (network_head: the node-level model of cable/switch and NIC failures fitted
+                beside the GPU model when the fleet reports InfiniBand ports and had
+                network failures; node risks above combine both)
      "prior": {...the model's keys, "model_id", "at_shipped_threshold": {...}} | null,
                 the fleet prior shipped with fleetcare on the same test rows
      "baselines": {"reactive_xid": {...same keys...}, "dcgm_thresholds": {...},
@@ -195,6 +200,10 @@ def _print_text(out: dict[str, Any], html: str | None) -> None:
         print(f"{name:<16} {_fmt(m.get('pr_auc')):>7} {_fmt(m.get('recall_at_budget')):>13} "
               f"{_ci(m):>10} {_fmt(m.get('false_drains_per_1000_node_days')):>9} "
               f"{_fmt(m.get('median_lead_time_h')):>7}")
+    head = out["model"].get("network_head")
+    if head:
+        print(f"(fleetcare's node risks include its network head: fitted on "
+              f"{head['train_positives']} node-hours before a cable/switch or NIC failure)")
     if out.get("prior"):
         s = out["prior"]["at_shipped_threshold"]
         print(f"(fleet prior at its shipped threshold {_fmt(s['threshold'])}: recall "

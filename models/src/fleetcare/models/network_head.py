@@ -1,0 +1,238 @@
+"""A node-level model of network failures (InfiniBand cable/switch and NIC) beside the
+GPU model (issue 16).
+
+The GPU model learns from GPU rows, and a network failure names no GPU: no row is
+labelled by it, so the model never learns the network precursors its ``node_nic_*``
+features show. Labelling every GPU of the node instead caught every network failure but
+cost the GPU modes (marginal links look like failing ones and took the false-drain
+budget; README). The head is a ``FailureModel`` of its own on one row per node and
+scoring time (``fleetcare.pipeline.nic_features``: counters apart, three windows, the
+worst port), labelled by a failure whose cause is in ``NETWORK_CAUSES`` within the
+warning window W (72 h, what a drain is judged over; callers pass it), fitted on the fit
+period and calibrated on the calibration period: its output is P(network failure of the
+node within W). Link precursors start days before the link stays down: labelled over the
+GPU model's 24 h horizon instead, the head's calibrated probabilities of failing links
+sat below the drain threshold the GPU side sets (network recall 6 of 15 against 9 of 15
+on ``bench/bench_network.py``'s fleet, the rest equal). A node's risk takes both
+(``combine``): ``1 - (1 - r_gpu) * (1 - p_net)``, as a node's GPUs already combine; one
+threshold and one false-drain budget for both, shared by what each scores.
+
+A head is fitted only when the fit period holds at least ``MIN_FAILURES`` network
+failures on nodes that report InfiniBand ports (``fit`` returns None otherwise, and
+nothing changes). It travels inside the GPU model (``FailureModel.network_head_``, in
+its bytes). The day after any failure of a node neither fits nor calibrates the head
+(the node is down, then its counters start again), as for the GPU model.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+
+from fleetcare.models.model import FailureModel
+from fleetcare.pipeline import nic_features
+from fleetcare.pipeline.store import Store
+
+NETWORK_CAUSES = ("network_switch_cable", "nic")
+"""Table 5 causes the head predicts (cable/switch, NIC)."""
+MIN_FAILURES = 3
+"""Network failures the fit period needs for a head (fewer: no head)."""
+AFTERMATH_H = 24.0
+PARAMS = {"n_estimators": 300, "num_leaves": 15, "learning_rate": 0.05,
+          "min_child_samples": 10, "feature_fraction": 0.8, "bagging_fraction": 0.8,
+          "lambda_l2": 1.0}
+"""The head's booster (``bench/bench_network_head.py`` measured these)."""
+
+
+@dataclass(frozen=True)
+class Period:
+    """One store's share of a fit: its split and the prefix of its node names."""
+
+    store: Store
+    start: dt.datetime
+    cal_start: dt.datetime
+    test_start: dt.datetime
+    shard: str = ""
+
+
+@dataclass
+class Rows:
+    ts: np.ndarray  # datetime64[us]
+    node: np.ndarray  # object (shard-prefixed)
+    X: np.ndarray  # float32 (rows, features)
+    y: np.ndarray  # bool: a network failure of the node within the horizon
+    after: np.ndarray  # bool: within AFTERMATH_H after any failure of the node
+
+
+def _np(t: dt.datetime) -> np.datetime64:
+    if t.tzinfo is not None:
+        t = t.astimezone(dt.UTC).replace(tzinfo=None)
+    return np.datetime64(t, "us")
+
+
+def _failures(store: Store) -> list[tuple[str, np.datetime64, str | None]]:
+    from fleetcare.pipeline import labels
+
+    f = labels.failures(store, dt.datetime(1970, 1, 1), dt.datetime(9999, 1, 1))
+    ts = f.column("ts").to_numpy().astype("datetime64[us]")
+    return list(zip(f.column("node").to_pylist(), ts, f.column("cause").to_pylist(),
+                    strict=True))
+
+
+def features_of(table: pa.Table) -> np.ndarray:
+    """The head's matrix of ``nic_features`` rows."""
+    if table.num_rows == 0:
+        return np.zeros((0, len(nic_features.FEATURE_NAMES)), dtype=np.float32)
+    return np.column_stack([table.column(c).to_numpy(zero_copy_only=False).astype(np.float32)
+                            for c in nic_features.FEATURE_NAMES])
+
+
+def rows(store: Store, lo: dt.datetime, hi: dt.datetime, *, horizon_h: float,
+         shard: str = "") -> Rows:
+    """The head's rows for scoring times ``lo .. hi`` (hourly), with labels."""
+    t = nic_features.grid(store, lo, hi)
+    ts = t.column("ts").to_numpy().astype("datetime64[us]")
+    node = np.asarray([shard + n for n in t.column("node").to_pylist()], dtype=object)
+    y = np.zeros(len(ts), dtype=bool)
+    after = np.zeros(len(ts), dtype=bool)
+    H = np.timedelta64(int(round(horizon_h * 3600)), "s")
+    A = np.timedelta64(int(round(AFTERMATH_H * 3600)), "s")
+    by_node: dict[str, np.ndarray] = {}
+    order = np.argsort(node, kind="stable")
+    names, starts = np.unique(node[order], return_index=True)
+    for i, name in enumerate(names):
+        end = starts[i + 1] if i + 1 < len(starts) else len(order)
+        by_node[str(name)] = order[starts[i]:end]
+    for n, at, cause in _failures(store):
+        idx = by_node.get(shard + n)
+        if idx is None:
+            continue
+        if cause in NETWORK_CAUSES:
+            y[idx[(ts[idx] < at) & (ts[idx] >= at - H)]] = True
+        after[idx[(ts[idx] > at) & (ts[idx] <= at + A)]] = True
+    return Rows(ts, node, features_of(t), y, after)
+
+
+def _cat(parts: Sequence[Rows]) -> Rows:
+    return Rows(*(np.concatenate([getattr(p, k) for p in parts]) if parts else
+                  np.zeros(0) for k in ("ts", "node", "X", "y", "after")))
+
+
+def network_failures(rows_: Rows) -> int:
+    """Distinct network failures the rows look ahead to (runs of labelled rows per node)."""
+    if not rows_.y.any():
+        return 0
+    idx = np.flatnonzero(rows_.y)
+    order = np.lexsort((rows_.ts[idx], rows_.node[idx]))
+    ts, node = rows_.ts[idx][order], rows_.node[idx][order]
+    gap = np.ones(len(ts), dtype=bool)
+    gap[1:] = (node[1:] != node[:-1]) | (ts[1:] - ts[:-1] > np.timedelta64(1, "h"))
+    return int(gap.sum())
+
+
+def fit(periods: Sequence[Period], *, horizon_h: float, seed: int) -> FailureModel | None:
+    """The head fitted on the periods' fit rows and calibrated on their calibration rows;
+    None when they hold fewer than ``MIN_FAILURES`` network failures (or no NIC rows)."""
+    fit_parts, cal_parts = [], []
+    H = np.timedelta64(int(round(horizon_h * 3600)), "s")
+    for p in periods:
+        r = rows(p.store, p.start, p.test_start, horizon_h=horizon_h, shard=p.shard)
+        known = r.ts + H <= _np(p.test_start)  # labels from the test period stay unseen
+        in_fit = (r.ts < _np(p.cal_start)) & ~r.after & known
+        in_cal = (r.ts >= _np(p.cal_start)) & ~r.after & known
+        fit_parts.append(_subset(r, in_fit))
+        cal_parts.append(_subset(r, in_cal))
+    train, cal = _cat(fit_parts), _cat(cal_parts)
+    if len(train.y) == 0 or network_failures(train) < MIN_FAILURES or train.y.all():
+        return None
+    head = FailureModel(horizon_h=horizon_h, seed=seed, **PARAMS)  # type: ignore[arg-type]
+    names = list(nic_features.FEATURE_NAMES)
+    has_cal = len(cal.y) > 0 and cal.y.any() and not cal.y.all()
+    return head.fit(train.X, train.y, X_cal=cal.X if has_cal else None,
+                    y_cal=cal.y if has_cal else None, feature_names=names)
+
+
+def _subset(r: Rows, mask: np.ndarray) -> Rows:
+    return Rows(r.ts[mask], r.node[mask], r.X[mask], r.y[mask], r.after[mask])
+
+
+def predict_grid(head: FailureModel, store: Store, lo: dt.datetime, hi: dt.datetime,
+                 *, shard: str = "") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(ts, node, p) of every node with NIC rows at the hourly scoring times lo .. hi."""
+    t = nic_features.grid(store, lo, hi)
+    ts = t.column("ts").to_numpy().astype("datetime64[us]")
+    node = np.asarray([shard + n for n in t.column("node").to_pylist()], dtype=object)
+    p = head.predict_proba(features_of(t))[:, 1] if t.num_rows else np.zeros(0)
+    return ts, node, p
+
+
+def predict_latest(head: FailureModel, store: Store, at: dt.datetime, *,
+                   nodes: Sequence[str] | None = None) -> tuple[pa.Table, np.ndarray]:
+    """The nodes' ``nic_features`` rows at ``at`` and the head's probability of each."""
+    t = nic_features.latest(store, at, nodes=None if nodes is None else list(nodes))
+    p = head.predict_proba(features_of(t))[:, 1] if t.num_rows else np.zeros(0)
+    return t, p
+
+
+def combine(r_gpu: np.ndarray, p_net: np.ndarray) -> np.ndarray:
+    """A node's risk from its GPUs' and its network's: ``1 - (1 - r)(1 - p)``."""
+    r = np.clip(np.asarray(r_gpu, dtype=np.float64), 0.0, 1.0)
+    p = np.clip(np.asarray(p_net, dtype=np.float64), 0.0, 1.0)
+    return 1.0 - (1.0 - r) * (1.0 - p)
+
+
+def combine_at(ts: np.ndarray, node: np.ndarray, risk: np.ndarray,
+               head_ts: np.ndarray, head_node: np.ndarray, head_p: np.ndarray) -> np.ndarray:
+    """``risk`` per (ts, node) combined with the head's probability at the same (ts,
+    node); rows the head has no row for keep their risk."""
+    if len(head_p) == 0 or len(risk) == 0:
+        return np.asarray(risk, dtype=np.float64)
+    look = {(str(n), t): p for t, n, p in zip(head_ts.tolist(), head_node.tolist(),
+                                              head_p.tolist(), strict=True)}
+    p = np.array([look.get((str(n), t), 0.0)
+                  for t, n in zip(np.asarray(ts).astype("datetime64[us]").tolist(),
+                                  np.asarray(node).tolist(), strict=True)])
+    return combine(risk, p)
+
+
+Adjust = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+
+
+def adjuster(head: FailureModel,
+             spans: Sequence[tuple[Store, dt.datetime, dt.datetime, str]]) -> Adjust:
+    """(ts, node, node risk) -> node risk combined with the head's probabilities at the
+    hourly scoring times of each (store, lo, hi, shard) span (``predict_grid``)."""
+    parts = [predict_grid(head, st, lo, hi, shard=shard) for st, lo, hi, shard in spans]
+    hts, hnode, hp = (np.concatenate([x[i] for x in parts]) for i in range(3))
+
+    def adjust(ts: np.ndarray, node: np.ndarray, risk: np.ndarray) -> np.ndarray:
+        return combine_at(ts, node, risk, hts, hnode, hp)
+    return adjust
+
+
+DESCRIBE = {
+    "sym": "symbol errors", "rec": "link error recoveries", "integ": "link integrity errors",
+    "rcv": "receive errors", "rphys": "remote physical receive errors",
+    "ovr": "receive buffer overruns", "flaps": "link flaps",
+}
+
+
+def reasons(row: dict[str, float], p: float) -> list[str]:
+    """Plain words for a node the head scores: what its InfiniBand ports counted."""
+    out = []
+    for k, what in DESCRIBE.items():
+        n6, n24 = row.get(f"node_{k}_6h") or 0.0, row.get(f"node_{k}_24h") or 0.0
+        if n24 > 0:
+            ports = int(row.get(f"ports_{k}_24h") or 0)
+            out.append(f"InfiniBand: {n24:,.0f} {what} in 24 h ({n6:,.0f} in the last 6 h) "
+                       f"on {ports} port{'s' if ports != 1 else ''}")
+    ratio = row.get("rate_ratio_24h")
+    if ratio is not None and ratio < 1.0:
+        out.append(f"InfiniBand: a link trained down to {ratio:.0%} of its rate")
+    if not out:
+        out.append("InfiniBand: port counters unlike a healthy link's")
+    return [f"network risk {p:.0%}: " + out[0], *out[1:3]]

@@ -1,0 +1,107 @@
+"""The network head (issue 16): a node-level model of cable/switch and NIC failures that
+``train`` fits beside the GPU model when the fleet has InfiniBand ports and network
+failures, that travels in the model's bytes, and that scoring combines into each node's
+risk with reasons in plain words. Simulated data."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fleetcare.collectors.sim import FleetSimulator, FleetSpec, simulate_incidents
+from fleetcare.models import network_head, registry, scoring, training
+from fleetcare.models.model import FailureModel
+from fleetcare.pipeline import nic_features
+from fleetcare.pipeline.simload import load_history
+from fleetcare.pipeline.store import Store
+
+H = dt.timedelta(hours=1)
+
+
+def _fleet(tmp: Path, name: str, spec: FleetSpec, days: int) -> Store:
+    sim = FleetSimulator(spec, simulate_incidents(spec, days))
+    store = Store(tmp / f"{name}.duckdb")
+    load_history(store, sim, spec.start, spec.start + days * 24 * H, interval_s=600)
+    return store
+
+
+@pytest.fixture(scope="module")
+def nic_fleet(tmp_path_factory: pytest.TempPathFactory) -> Store:
+    """32 nodes x 20 days with 8 InfiniBand ports each, every rate x60 (network failures
+    are a tenth of all: 20 here, 14 with precursors, 4 of those in the test period)."""
+    return _fleet(tmp_path_factory.mktemp("net"), "nic",
+                  FleetSpec(nodes=32, seed=7, failure_scale=60, nic_ports=8), 20)
+
+
+@pytest.fixture(scope="module")
+def trained(nic_fleet: Store) -> training.TrainResult:
+    return training.train(nic_fleet, seed=0)
+
+
+def test_train_fits_a_head_that_travels_in_the_models_bytes(
+        nic_fleet: Store, trained: training.TrainResult) -> None:
+    head = trained.model.network_head_
+    assert head is not None and head.n_train_positives_ > 0
+    assert trained.metrics["network_head"]["features"] == len(nic_features.FEATURE_NAMES)
+    loaded = registry.load(nic_fleet, trained.model_id)
+    assert loaded.network_head_ is not None
+    X = np.random.default_rng(0).exponential(5.0, (50, head.n_features_in_)).astype(np.float32)
+    assert np.array_equal(loaded.network_head_.predict_proba(X), head.predict_proba(X))
+    # a model without one writes none and reads back without one
+    bare = FailureModel.from_bytes(trained.model.to_bytes())
+    bare.network_head_ = None
+    assert "network_head" not in json.loads(bare.to_bytes())
+    assert FailureModel.from_bytes(bare.to_bytes()).network_head_ is None
+
+
+def test_scoring_combines_the_head_into_the_nodes_risk(
+        nic_fleet: Store, trained: training.TrainResult) -> None:
+    """Two hours before each precursor network failure of the test period the node's
+    risk is its GPUs' combined with the head's, and where the head outweighs the GPUs
+    the reasons say what the ports counted."""
+    cur = nic_fleet.cursor()
+    fails = cur.execute(
+        "SELECT node, ts FROM incidents WHERE kind = 'failure' AND mode IN ('link', 'nic') "
+        "AND cause IN ('network_switch_cable', 'nic') AND ts >= ? ORDER BY ts",
+        [trained.record.test_range[0].replace(tzinfo=None)]).fetchall()
+    assert len(fails) >= 2
+    head = trained.model.network_head_
+    said = 0
+    for node, ts in fails:
+        at = (ts - 2 * H).replace(tzinfo=dt.UTC)
+        res = scoring.score(nic_fleet, at=at, model=trained.model_id)
+        gpus = res.gpu_scores.filter(res.gpu_scores.column("node").to_numpy(zero_copy_only=False) == node)
+        if gpus.num_rows == 0:
+            continue  # the node was down then (an earlier failure's repair)
+        r_gpu = 1.0 - np.prod(1.0 - gpus.column("risk").to_numpy())
+        rows, p = network_head.predict_latest(head, nic_fleet, at, nodes=[node])
+        assert rows.num_rows == 1
+        row = [r for r in res.node_scores.to_pylist() if r["node"] == node][0]
+        assert row["risk"] == pytest.approx(1.0 - (1.0 - r_gpu) * (1.0 - p[0]), rel=1e-9)
+        if p[0] > r_gpu and row["risk"] >= scoring.EXPLAIN_FLOOR:
+            reasons = json.loads(row["reasons"])
+            assert reasons[0].startswith("network risk") and "InfiniBand" in reasons[0]
+            said += 1
+    assert said >= 1
+
+
+def test_no_head_without_network_failures(tmp_path: Path) -> None:
+    """A fleet without InfiniBand ports gets no head; its model and scores are as before."""
+    store = _fleet(tmp_path, "gpu", FleetSpec(nodes=16, seed=3, failure_scale=60), 12)
+    res = training.train(store, seed=0, register=False, min_failures=1)
+    assert res.model.network_head_ is None and res.metrics["network_head"] is None
+    assert network_head.fit([network_head.Period(store, *(
+        dt.datetime(2026, 1, 1) + k * 24 * H for k in (1, 6, 9)))], horizon_h=24, seed=0) is None
+
+
+def test_combine_at_matches_rows_by_time_and_node() -> None:
+    t = np.array(["2026-01-01T01", "2026-01-01T01", "2026-01-01T02"], dtype="datetime64[us]")
+    node = np.array(["a", "b", "a"], dtype=object)
+    risk = np.array([0.5, 0.2, 0.0])
+    out = network_head.combine_at(t, node, risk, t[[2, 1]], np.array(["a", "b"], dtype=object),
+                                  np.array([0.5, 0.5]))
+    assert out.tolist() == [0.5, 0.6, 0.5]
