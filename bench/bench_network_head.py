@@ -1,25 +1,26 @@
-"""Research bench (issue 16): can a node-level network head, with its own share of the
-false-drain budget, catch cable and NIC failures that the GPU model cannot learn?
+"""The network head alone (issue 16): how many cable and NIC failures a node-level model
+of InfiniBand features catches, and at what false drains, beside the same model on the
+four ``node_nic_*`` features the GPU model has.
 
     .venv/bin/python bench/bench_network_head.py [--db var/bench-network/net-512-30-22-20.duckdb]
+                                                 [--horizon 72]
 
 Reads a fleet simulated with InfiniBand ports (``bench/bench_network.py`` makes it:
-``fleetcare simulate --nic-ports 8``). One row per node and scoring hour with the node
-InfiniBand features of ``fleetcare.pipeline.nic_features`` (``rich``: counters apart, 6 /
-24 / 72 h, worst port, ports counting), and ``basic``: the same head on the four
-``node_nic_*`` features the GPU model has (24 h node sums, symbol errors and recoveries
-summed together), built from the same rows.
-
-Label: a network failure (cause ``network_switch_cable`` or ``nic``) of the node within
-24 h; the day after any failure of the node is left out of fit and calibration. LightGBM
-is fit on the first 60 % of the period and calibrated (isotonic) on the next 15 %; on the
-last 25 % it is judged at calibrated probabilities fixed beforehand (0.3, 0.5, and 0.9,
-about where the shipped prior drains) and, for reference only, at the best threshold on
-the test period itself within 0.1 and 0.3 false drains per 1,000 node-days. Judged:
-network failures with precursors caught (modes ``link`` / ``nic``: an alarm episode
-starting within 72 h before the failure) and false drains (an episode with no failure of
-its node in the next 72 h; every failure mode counts as a true drain, as in ``fleetcare
-evaluate``). Prints one JSON object. Simulated data.
+``fleetcare simulate --nic-ports 8``). Rows and labels are the head's own
+(``fleetcare.models.network_head.rows``: one row per node and scoring hour of
+``fleetcare.pipeline.nic_features``, labelled by a cable/switch or NIC failure of the
+node within ``--horizon``, default the warning window as ``train`` uses; the day after any
+failure left out of fit and calibration). ``rich``: every ``nic_features`` column (the
+head); ``basic``: the four ``node_nic_*`` sums built from the same rows (symbol errors,
+recoveries and integrity errors added together, as the GPU catalogue has them). Each is a
+head fitted as ``train`` fits one (``network_head.fit_matrix``: on the first 75 % of
+the period, calibrated out of fold over it); on the last 25 % it is judged at calibrated
+probabilities fixed beforehand (0.3, 0.5, 0.9) and, for reference only, at the best threshold on the
+test period itself within 0.1 and 0.3 false drains per 1,000 node-days: network failures
+with precursors caught (modes ``link`` / ``nic``: an alarm episode starting within 72 h
+before the failure) and false drains (an episode with no failure of its node in the next
+72 h; every failure mode counts as a true drain, as in ``fleetcare evaluate``). Prints one
+JSON object. Simulated data.
 """
 
 from __future__ import annotations
@@ -34,12 +35,11 @@ from typing import Any
 import numpy as np
 
 from fleetcare.models import metrics as M
+from fleetcare.models import network_head as NH
 from fleetcare.pipeline import features, nic_features
 from fleetcare.pipeline.store import Store
 
-NETWORK_CAUSES = ("network_switch_cable", "nic")
 PRECURSOR_MODES = ("link", "nic")
-HORIZON_H = 24
 WINDOW = np.timedelta64(72 * 3600, "s")
 GRACE = np.timedelta64(3600, "s")
 SHARES = (0.1, 0.3)
@@ -52,115 +52,64 @@ BASIC = {  # the GPU catalogue's node_nic_* features, from the same rows
 }
 
 
-def load(store: Store, start: dt.datetime, end: dt.datetime
-         ) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
-    """(ts, node, {feature: column}) of every node and hour (``nic_features.grid``)."""
-    t = nic_features.grid(store, start, end)
-    cols = {c: t.column(c).to_numpy(zero_copy_only=False).astype(np.float32)
-            for c in nic_features.FEATURE_NAMES}
-    ts = t.column("ts").to_numpy().astype("datetime64[us]")
-    return ts, np.asarray(t.column("node").to_pylist(), dtype=object), cols
+def basic(X: np.ndarray) -> np.ndarray:
+    col = {n: i for i, n in enumerate(nic_features.FEATURE_NAMES)}
+    return np.column_stack([X[:, [col[c] for c in parts]].sum(axis=1)
+                            for parts in BASIC.values()])
 
 
-def matrices(cols: dict[str, np.ndarray]) -> dict[str, tuple[np.ndarray, list[str]]]:
-    """The two heads' inputs: every ``nic_features`` column (rich), the four (basic)."""
-    rich = list(nic_features.FEATURE_NAMES)
-    basic = {k: np.sum([cols[c] for c in parts], axis=0) for k, parts in BASIC.items()}
-    return {"rich": (np.column_stack([cols[c] for c in rich]), rich),
-            "basic": (np.column_stack(list(basic.values())), list(basic))}
-
-
-def failures(store: Store) -> list[tuple[str, np.datetime64, str, str]]:
+def failures(store: Store, since: np.datetime64) -> list[M.Failure]:
     rows = store.cursor().execute(
-        "SELECT node, ts, coalesce(mode, 'none'), cause FROM incidents "
+        "SELECT node, ts, coalesce(mode, 'none') FROM incidents "
         "WHERE kind = 'failure' ORDER BY ts").fetchall()
-    return [(n, np.datetime64(t, "us"), m, c) for n, t, m, c in rows]
+    return [M.Failure(n, np.datetime64(t, "us"), m) for n, t, m in rows
+            if np.datetime64(t, "us") >= since]
 
 
-def labels(ts: np.ndarray, node: np.ndarray, fails: list[tuple[str, np.datetime64, str, str]]
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """(label: a network failure of the node in (ts, ts + 24 h], aftermath: the row is
-    within 24 h after any failure of its node)."""
-    y = np.zeros(len(ts), dtype=bool)
-    after = np.zeros(len(ts), dtype=bool)
-    h = np.timedelta64(HORIZON_H * 3600, "s")
-    by_node: dict[str, np.ndarray] = {}
-    for name in np.unique(node):
-        by_node[str(name)] = np.flatnonzero(node == name)
-    for n, t, _, cause in fails:
-        rows = by_node.get(n)
-        if rows is None:
-            continue
-        if cause in NETWORK_CAUSES:
-            y[rows[(ts[rows] < t) & (ts[rows] >= t - h)]] = True
-        after[rows[(ts[rows] > t) & (ts[rows] <= t + h)]] = True
-    return y, after
-
-
-def head(X: np.ndarray, y: np.ndarray, fit: np.ndarray, seed: int) -> Any:
-    import lightgbm as lgb
-
-    clf = lgb.LGBMClassifier(n_estimators=300, learning_rate=0.05, num_leaves=15,
-                             min_child_samples=10, subsample=0.8, subsample_freq=1,
-                             colsample_bytree=0.8, reg_lambda=1.0,
-                             random_state=seed,
-                             verbose=-1)
-    clf.fit(X[fit], y[fit])
-    return clf
-
-
-def judge(ts: np.ndarray, node: np.ndarray, p: np.ndarray, mask: np.ndarray,
-          fails: list[M.Failure], thr: float, node_days: float) -> dict[str, Any]:
-    res = M.evaluate_alarms(ts[mask], node[mask], p[mask], fails, thr, WINDOW, grace=GRACE)
-    net = [d for f, d in zip(res.failures, res.detected, strict=True)
-           if f.mode in PRECURSOR_MODES]
-    by_mode: dict[str, list[int]] = {}
+def judge(r: NH.Rows, p: np.ndarray, mask: np.ndarray, fails: list[M.Failure], thr: float,
+          node_days: float) -> dict[str, Any]:
+    res = M.evaluate_alarms(r.ts[mask], r.node[mask], p[mask], fails, thr, WINDOW, grace=GRACE)
+    caught: dict[str, list[int]] = {}
     for f, d in zip(res.failures, res.detected, strict=True):
-        by_mode.setdefault(f.mode, [0, 0])
-        by_mode[f.mode][0] += int(d)
-        by_mode[f.mode][1] += 1
+        caught.setdefault(f.mode, [0, 0])
+        caught[f.mode][0] += int(d)
+        caught[f.mode][1] += 1
+    net = [caught.get(m, [0, 0]) for m in PRECURSOR_MODES]
+    n_net = sum(n for _, n in net)
     return {"threshold": thr, "false_drains": res.false_drains,
             "false_drains_per_1000_node_days": round(1000 * res.false_drains / node_days, 3),
-            "network_precursor_caught": int(sum(net)), "network_precursor_failures": len(net),
-            "network_recall": round(sum(net) / len(net), 3) if net else None,
-            "caught_by_mode": by_mode}
+            "network_precursor_caught": sum(d for d, _ in net),
+            "network_precursor_failures": n_net,
+            "network_recall": round(sum(d for d, _ in net) / n_net, 3) if n_net else None,
+            "caught_by_mode": caught}
 
 
-def evaluate(ts: np.ndarray, node: np.ndarray, X: np.ndarray, fails_all: list[Any],
-             start: np.datetime64, cal: np.datetime64, test: np.datetime64, end: np.datetime64,
+def evaluate(r: NH.Rows, X: np.ndarray, names: list[str], fails: list[M.Failure],
+             test: np.datetime64, end: np.datetime64, horizon_h: float,
              seed: int) -> dict[str, Any]:
-    from sklearn.isotonic import IsotonicRegression
-
-    y, after = labels(ts, node, fails_all)
-    known = ts <= end - np.timedelta64(HORIZON_H * 3600, "s")
-    fit = (ts < cal) & ~after & known
-    in_cal = (ts >= cal) & (ts < test) & ~after & known
-    clf = head(X, y, fit, seed)
-    raw = clf.predict_proba(X)[:, 1]
-    iso = IsotonicRegression(out_of_bounds="clip", y_min=0.0, y_max=1.0)
-    p = iso.fit(raw[in_cal], y[in_cal]).predict(raw)
-    m = ts >= test
-    fl = [M.Failure(n, t, mo) for n, t, mo, _ in fails_all if t >= test]
-    node_days = len(np.unique(ts[m])) * len(np.unique(node)) / 24.0
-    modes: dict[str, int] = {}
-    for f in fl:
-        modes[f.mode] = modes.get(f.mode, 0) + 1
-    lab = m & known
+    H = np.timedelta64(int(horizon_h * 3600), "s")
+    before = (r.ts < test) & ~r.after & (r.ts + H <= test)  # test labels stay unseen
+    head = NH.fit_matrix(X[before], r.y[before], r.ts[before], names, horizon_h=horizon_h,
+                         seed=seed)
+    p = head.predict_proba(X)[:, 1]
+    m = r.ts >= test
+    node_days = len(np.unique(r.ts[m])) * len(np.unique(r.node)) / 24.0
+    lab = m & (r.ts + H <= end)
     out: dict[str, Any] = {
-        "fit_rows": int(fit.sum()), "fit_positives": int(y[fit].sum()),
-        "cal_positives": int(y[in_cal].sum()), "test_node_days": round(node_days, 1),
-        "test_failures_by_mode": modes,
-        "test_pr_auc": M.average_precision(y[lab], p[lab]),
-        "test_base_rate": round(float(y[lab].mean()), 5) if lab.any() else None,
-        "at_probability": [judge(ts, node, p, m, fl, thr, node_days) for thr in THRESHOLDS],
+        "features": len(names), "fit_rows": int(before.sum()),
+        "fit_positives": int(r.y[before].sum()), "calibration": head.calibrator_["kind"],
+        "test_node_days": round(node_days, 1),
+        "test_pr_auc": M.average_precision(r.y[lab], p[lab]),
+        "test_base_rate": round(float(r.y[lab].mean()), 5) if lab.any() else None,
+        "at_probability": [judge(r, p, m, fails, thr, node_days) for thr in THRESHOLDS],
     }
     ref = []
     for share in SHARES:
-        best = M.choose_threshold(ts[m], node[m], p[m], fl, WINDOW, node_days,
+        best = M.choose_threshold(r.ts[m], r.node[m], p[m], fails, WINDOW, node_days,
                                   false_drain_budget=share, grace=GRACE)
         if best is not None:
-            ref.append({"budget_share": share} | judge(ts, node, p, m, fl,
-                                                          float(best.threshold), node_days))
+            ref.append({"budget_share": share}
+                       | judge(r, p, m, fails, float(best.threshold), node_days))
     out["best_on_test_for_reference"] = ref
     return out
 
@@ -168,6 +117,8 @@ def evaluate(ts: np.ndarray, node: np.ndarray, X: np.ndarray, fails_all: list[An
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default="var/bench-network/net-512-30-22-20.duckdb")
+    ap.add_argument("--horizon", type=float, default=M.WINDOW_H,
+                    help="label horizon in hours (default: the warning window, as train)")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     t0 = time.monotonic()
@@ -175,15 +126,19 @@ def main() -> int:
     features.refresh(store)  # the NIC rollup, when the simulation left it to us
     start, end = store.cursor().execute("SELECT min(hour), max(hour) FROM nic_hourly").fetchone()
     span = end - start
-    cal = start + span * 0.60
     test = start + span * 0.75
-    fails = failures(store)
-    b = [np.datetime64(x, "us") for x in (start, cal, test, end)]
-    out: dict[str, Any] = {"simulated": True, "db": args.db,
-                           "period": [str(x) for x in (start, cal, test, end)]}
-    ts, node, cols = load(store, start + dt.timedelta(hours=1), end + dt.timedelta(hours=1))
-    for name, (X, names) in matrices(cols).items():
-        out[name] = {"features": len(names), **evaluate(ts, node, X, fails, *b, args.seed)}
+    r = NH.rows(store, start + dt.timedelta(hours=1), end + dt.timedelta(hours=1),
+                horizon_h=args.horizon)
+    fails = failures(store, np.datetime64(test, "us"))
+    b = [np.datetime64(x, "us") for x in (test, end)]
+    out: dict[str, Any] = {"simulated": True, "db": args.db, "horizon_h": args.horizon,
+                           "period": [str(x) for x in (start, test, end)],
+                           "test_failures_by_mode": {}}
+    for f in fails:
+        out["test_failures_by_mode"][f.mode] = out["test_failures_by_mode"].get(f.mode, 0) + 1
+    for name, X, names in (("rich", r.X, list(nic_features.FEATURE_NAMES)),
+                           ("basic", basic(r.X), list(BASIC))):
+        out[name] = evaluate(r, X, names, fails, *b, args.horizon, args.seed)
         print(f"{name} done after {time.monotonic() - t0:.0f} s", file=sys.stderr)
     store.close()
     out["wall_s"] = round(time.monotonic() - t0, 1)

@@ -315,8 +315,8 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
         say("training the model")
         model = _fit_model(train, cfg)
         model.network_head_ = network_head.fit(  # labelled over W, as training does
-            [network_head.Period(f.store, f.splits.start, f.splits.cal_start,
-                                 f.splits.test_start, f.shard) for f in train],
+            [network_head.Period(f.store, f.splits.start, f.splits.test_start, f.shard)
+             for f in train],
             horizon_h=cfg.window_h, seed=cfg.seed)
     head = model.network_head_
     negatives = min(f.fit.negatives for f in train)

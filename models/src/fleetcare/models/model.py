@@ -283,6 +283,17 @@ class FailureModel:
             min_isotonic_positives=self.min_isotonic_positives, weight=cw)
         return self
 
+    def calibrate_margins(self, margin: np.ndarray, y: Any) -> FailureModel:
+        """Fit the calibrator on margins given (e.g. out-of-fold margins of boosters like
+        this one, fitted without those rows: ``network_head``), in place."""
+        self._check()
+        yv = _as_labels(y)
+        self.calibrator_ = _fit_calibrator(np.asarray(margin, dtype=np.float64), yv,
+                                           spw=self.scale_pos_weight_, method=self.calibration,
+                                           min_isotonic_positives=self.min_isotonic_positives)
+        self.n_cal_positives_ = int(yv.sum())
+        return self
+
     def recalibrate(self, X_cal: Matrix, y_cal: Any, *, cal_weight: Any = None
                     ) -> FailureModel:
         """A copy with the same booster and a calibrator fitted on ``X_cal``/``y_cal``

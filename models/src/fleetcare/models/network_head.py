@@ -8,14 +8,15 @@ cost the GPU modes (marginal links look like failing ones and took the false-dra
 budget; README). The head is a ``FailureModel`` of its own on one row per node and
 scoring time (``fleetcare.pipeline.nic_features``: counters apart, three windows, the
 worst port), labelled by a failure whose cause is in ``NETWORK_CAUSES`` within the
-warning window W (72 h, what a drain is judged over; callers pass it), fitted on the fit
-period and calibrated on the calibration period: its output is P(network failure of the
-node within W). Link precursors start days before the link stays down: labelled over the
+warning window W (72 h, what a drain is judged over; callers pass it), fitted and
+calibrated on the periods before the test period: its output is P(network failure of
+the node within W). Link precursors start days before the link stays down: labelled over the
 GPU model's 24 h horizon instead, the head's calibrated probabilities of failing links
 sat below the drain threshold the GPU side sets (network recall 6 of 15 against 9 of 15
 on ``bench/bench_network.py``'s fleet, the rest equal). A node's risk takes both
 (``combine``): ``1 - (1 - r_gpu) * (1 - p_net)``, as a node's GPUs already combine; one
-threshold and one false-drain budget for both, shared by what each scores.
+threshold and one false-drain budget for both, shared by what each scores. The head is
+calibrated out of fold over the fit and calibration periods together (``fit``).
 
 A head is fitted only when the fit period holds at least ``MIN_FAILURES`` network
 failures on nodes that report InfiniBand ports (``fit`` returns None otherwise, and
@@ -42,6 +43,8 @@ NETWORK_CAUSES = ("network_switch_cable", "nic")
 MIN_FAILURES = 3
 """Network failures the fit period needs for a head (fewer: no head)."""
 AFTERMATH_H = 24.0
+FOLDS = 4
+"""Blocks of time the head's calibration is fitted out of fold over (``fit``)."""
 PARAMS = {"n_estimators": 300, "num_leaves": 15, "learning_rate": 0.05,
           "min_child_samples": 10, "feature_fraction": 0.8, "bagging_fraction": 0.8,
           "lambda_l2": 1.0}
@@ -50,12 +53,12 @@ PARAMS = {"n_estimators": 300, "num_leaves": 15, "learning_rate": 0.05,
 
 @dataclass(frozen=True)
 class Period:
-    """One store's share of a fit: its split and the prefix of its node names."""
+    """One store's share of a fit: its scoring times before the test period
+    (``start`` .. ``end``) and the prefix of its node names."""
 
     store: Store
     start: dt.datetime
-    cal_start: dt.datetime
-    test_start: dt.datetime
+    end: dt.datetime
     shard: str = ""
 
 
@@ -135,25 +138,49 @@ def network_failures(rows_: Rows) -> int:
 
 
 def fit(periods: Sequence[Period], *, horizon_h: float, seed: int) -> FailureModel | None:
-    """The head fitted on the periods' fit rows and calibrated on their calibration rows;
-    None when they hold fewer than ``MIN_FAILURES`` network failures (or no NIC rows)."""
-    fit_parts, cal_parts = [], []
+    """The head fitted on the periods' fit and calibration rows, calibrated out of fold;
+    None when they hold fewer than ``MIN_FAILURES`` network failures (or no NIC rows).
+
+    A fleet's calibration period holds a handful of network failures: an isotonic map
+    fitted on them alone put its top step at P = 1 over a wide range of margins (13
+    false drains in one test period of ``bench/bench_network.py``'s seed 23 fleet, every
+    one at P ~ 1). So the booster is fitted on both periods' rows and its calibrator on
+    the out-of-fold margins of ``FOLDS`` boosters, each fitted without one block of time
+    (every row calibrates once, by a booster that did not see it)."""
+    parts = []
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
     for p in periods:
-        r = rows(p.store, p.start, p.test_start, horizon_h=horizon_h, shard=p.shard)
-        known = r.ts + H <= _np(p.test_start)  # labels from the test period stay unseen
-        in_fit = (r.ts < _np(p.cal_start)) & ~r.after & known
-        in_cal = (r.ts >= _np(p.cal_start)) & ~r.after & known
-        fit_parts.append(_subset(r, in_fit))
-        cal_parts.append(_subset(r, in_cal))
-    train, cal = _cat(fit_parts), _cat(cal_parts)
-    if len(train.y) == 0 or network_failures(train) < MIN_FAILURES or train.y.all():
+        r = rows(p.store, p.start, p.end, horizon_h=horizon_h, shard=p.shard)
+        known = r.ts + H <= _np(p.end)  # labels from the test period stay unseen
+        parts.append(_subset(r, ~r.after & known))
+    every = _cat(parts)
+    if len(every.y) == 0 or network_failures(every) < MIN_FAILURES or every.y.all():
         return None
-    head = FailureModel(horizon_h=horizon_h, seed=seed, **PARAMS)  # type: ignore[arg-type]
-    names = list(nic_features.FEATURE_NAMES)
-    has_cal = len(cal.y) > 0 and cal.y.any() and not cal.y.all()
-    return head.fit(train.X, train.y, X_cal=cal.X if has_cal else None,
-                    y_cal=cal.y if has_cal else None, feature_names=names)
+    return fit_matrix(every.X, every.y, every.ts, list(nic_features.FEATURE_NAMES),
+                      horizon_h=horizon_h, seed=seed)
+
+
+def fit_matrix(X: np.ndarray, y: np.ndarray, ts: np.ndarray, names: list[str], *,
+               horizon_h: float, seed: int) -> FailureModel:
+    """A head booster fitted on every row, calibrated on the out-of-fold margins of
+    ``FOLDS`` boosters each fitted without one block of time (``ts``); a plain prior
+    shift when a fold leaves no positive (or no negative) to fit on."""
+
+    def booster(mask: np.ndarray) -> FailureModel:
+        m = FailureModel(horizon_h=horizon_h, seed=seed, **PARAMS)  # type: ignore[arg-type]
+        return m.fit(X[mask], y[mask], feature_names=names)
+
+    t = ts.astype(np.int64)
+    edges = np.quantile(t, np.linspace(0.0, 1.0, FOLDS + 1))
+    fold = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, FOLDS - 1)
+    oof = np.zeros(len(y))
+    every = np.ones(len(y), dtype=bool)
+    for k in range(FOLDS):
+        out = fold != k
+        if not y[out].any() or y[out].all():
+            return booster(every)
+        oof[~out] = booster(out).decision_function(X[~out])
+    return booster(every).calibrate_margins(oof, y)
 
 
 def _subset(r: Rows, mask: np.ndarray) -> Rows:

@@ -426,8 +426,7 @@ def _network_head(store: Store, splits: Splits, test_from: dt.datetime, end: dt.
     risks."""
     from fleetcare.models import network_head
 
-    head = network_head.fit([network_head.Period(store, splits.start, splits.cal_start,
-                                                 splits.test_start)],
+    head = network_head.fit([network_head.Period(store, splits.start, splits.test_start)],
                             horizon_h=window_h, seed=seed)
     if head is None:
         return None, None
