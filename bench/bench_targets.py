@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/bench_targets.py [--shards 4] [--nodes 128] [--days 30]
                                             [--seed 11] [--failure-scale 4] [--workdir DIR]
+                                            [--nic-ports 0]
 
 The budget is 1 false drain per 1,000 node-days, and the model is a fleet-wide model: both
 need a fleet of hundreds of nodes. One store of that size does not fit this machine's
@@ -23,6 +24,11 @@ Targets (issue 5), alarms judged over the 72 h warning window (``metrics``):
 - goodput recovered >= 2x the reactive rules' (GPU-hours saved vs no action);
 - PR-AUC on the fleet it did not train on (B) within 20 % of the home fleet's (A).
 
+``--nic-ports 8`` (issue 16) gives both fleets InfiniBand ports and the network modes
+(cable/switch ``link`` and ``nic`` failures, some with precursors): precursor recall then
+counts them too, the model fits its network head, and a fifth target is checked: recall
+of the network failures with precursors >= 0.6 (home, at the same threshold).
+
 Prints one JSON object. Simulated data.
 """
 
@@ -42,19 +48,21 @@ from fleetcare.models import evaluation as E
 from fleetcare.pipeline.store import Store
 
 
-def _sim(db: str, nodes: int, days: int, seed: int, scale: float, model: str) -> None:
+def _sim(db: str, nodes: int, days: int, seed: int, scale: float, model: str,
+         nic_ports: int) -> None:
     if os.path.exists(db):  # --workdir kept from an earlier run with the same arguments
         print(f"reusing {db}", file=sys.stderr)
         return
     with contextlib.redirect_stdout(sys.stderr):  # stdout carries the one JSON object
         rc = cli(["simulate", "--nodes", str(nodes), "--days", str(days), "--seed", str(seed),
                   "--failure-scale", str(scale), "--interval", "10m", "--model", model,
-                  "--db", db])
+                  "--db", db] + (["--nic-ports", str(nic_ports)] if nic_ports else []))
     if rc != 0:
         raise SystemExit(f"simulate failed for {db}")
 
 
 STORE_MEMORY = "1GB"
+NETWORK = ("link", "nic")
 
 
 def _eval(fn: Any, *fleets: list[str]) -> dict[str, Any]:
@@ -70,15 +78,24 @@ def _eval(fn: Any, *fleets: list[str]) -> dict[str, Any]:
                 s.close()
 
 
+def network_recall(m: dict[str, Any]) -> dict[str, Any]:
+    """Failures and catches of the network modes (``link``, ``nic``) at the budget."""
+    by_mode = {k: v for k, v in m["detected_by_mode"].items() if k in NETWORK}
+    n = sum(t for _, t in by_mode.values())
+    return {"value": sum(d for d, _ in by_mode.values()) / n if n else None,
+            "detected_by_mode": by_mode}
+
+
 def run(shards: int, nodes: int, days: int, seed: int, scale: float, workdir: str,
-        ) -> dict[str, Any]:
+        nic_ports: int = 0) -> dict[str, Any]:
     t0 = time.perf_counter()
-    a = [os.path.join(workdir, f"a{k}.duckdb") for k in range(shards)]
-    b = [os.path.join(workdir, f"b{k}.duckdb") for k in range(shards)]
+    tag = f"-nic{nic_ports}" if nic_ports else ""  # a store of another fleet is never reused
+    a = [os.path.join(workdir, f"a{k}{tag}.duckdb") for k in range(shards)]
+    b = [os.path.join(workdir, f"b{k}{tag}.duckdb") for k in range(shards)]
     for k in range(shards):
         print(f"simulating shard {k + 1}/{shards} of fleets A and B", file=sys.stderr)
-        _sim(a[k], nodes, days, seed + k, scale, "H100")
-        _sim(b[k], nodes, days, seed + 100 + k, 2 * scale, "H100:1,A100:1")
+        _sim(a[k], nodes, days, seed + k, scale, "H100", nic_ports)
+        _sim(b[k], nodes, days, seed + 100 + k, 2 * scale, "H100:1,A100:1", nic_ports)
     print("evaluating fleet A (home)", file=sys.stderr)
     home = _eval(E.evaluate_store, a)
     print("evaluating the model trained on A on fleet B", file=sys.stderr)
@@ -103,14 +120,20 @@ def run(shards: int, nodes: int, days: int, seed: int, scale: float, workdir: st
                                "pass": bool(pa_home and pa_cross is not None
                                             and abs(pa_cross - pa_home) <= 0.2 * pa_home)},
     }
+    if nic_ports:  # issue 16: network failures with precursors caught >= 0.6
+        net = network_recall(m)
+        targets["network_recall_at_budget"] = net | {
+            "target": ">= 0.6", "pass": net["value"] is not None and net["value"] >= 0.6}
     keep = ("pr_auc", "recall_at_budget", "threshold", "false_drains", "false_drains_allowed",
             "false_drains_per_1000_node_days", "median_lead_time_h", "p10_lead_time_h",
-            "n_failures", "node_days", "window_h", "ece", "failures_by_mode", "recall_by_mode")
+            "n_failures", "node_days", "window_h", "ece", "failures_by_mode", "recall_by_mode",
+            "detected_by_mode", "network_head")
     base_keys = ("pr_auc", "recall_at_budget", "recall", "false_drains", "median_lead_time_h")
     return {
         "bench": "targets", "data": "simulated",
         "fleet": {"shards": shards, "nodes_per_shard": nodes, "nodes": shards * nodes,
                   "days": days, "seed": seed, "failure_scale": scale,
+                  "nic_ports": nic_ports,
                   "other_fleet": "H100:1,A100:1, failure scale x2, seeds + 100"},
         "targets": targets,
         "passed": sum(t["pass"] for t in targets.values()), "of": len(targets),
@@ -134,6 +157,9 @@ def main() -> None:
     p.add_argument("--workdir", default=None,
                    help="where the stores go (default: a temp dir); stores already there "
                         "are reused, so a rerun with the same arguments skips simulating")
+    p.add_argument("--nic-ports", type=int, default=0,
+                   help="InfiniBand ports per node (issue 16's network modes; 0: none, the "
+                        "fleets every figure before issue 16 was measured on)")
     args = p.parse_args()
     if args.shards < 1:
         p.error("--shards must be at least 1")
@@ -141,7 +167,7 @@ def main() -> None:
         workdir = args.workdir or stack.enter_context(tempfile.TemporaryDirectory())
         os.makedirs(workdir, exist_ok=True)
         print(json.dumps(run(args.shards, args.nodes, args.days, args.seed,
-                             args.failure_scale, workdir)))
+                             args.failure_scale, workdir, args.nic_ports)))
 
 
 if __name__ == "__main__":
