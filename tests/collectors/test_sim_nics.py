@@ -179,3 +179,30 @@ def test_a_counter_that_reaches_its_width_sticks_and_is_named_saturated() -> Non
     assert cols["saturated"][port1].tolist() == [None, ["symbol_error"],
                                                  ["symbol_error", "link_downed"]]
     assert all(s is None for s in cols["saturated"][~port1])
+
+
+def test_network_history_is_the_historys_nics_and_incidents_without_gpu_telemetry(sim) -> None:
+    """What the fleet prior's network head learns from (``network_history``: no GPU
+    telemetry, no XIDs) is what the full history gives for the same span, chunked as it
+    likes: every NIC sample and every incident, once."""
+    start, hours = SPEC.start + 20 * H, 60.0
+    full = list(sim.history(start, start + hours * H, 600))
+    net = list(sim.network_history(start, start + hours * H, 600))
+    got = {k: np.concatenate([n[k] for n, _ in net]) for k in net[0][0]}
+    want = history(sim, start, hours, interval_s=600)
+
+    def order(c: dict[str, np.ndarray]) -> np.ndarray:
+        return np.lexsort((c["device"].astype(str), c["node"].astype(str), c["ts"]))
+
+    a, b = order(got), order(want)
+    assert len(a) == len(b) > 0
+    for k in want:
+        assert np.array_equal(got[k][a], want[k][b]), k
+    key = lambda i: (i.ts, i.node, i.kind, i.cause)  # noqa: E731
+    inc_net = sorted((i for _, found in net for i in found), key=key)
+    inc_full = sorted((i for c in full for i in c.incidents), key=key)
+    assert inc_net == inc_full and len(inc_full) > 0
+    with pytest.raises(ValueError, match="nic_ports"):
+        bare = FleetSpec(nodes=4, seed=2)
+        next(FleetSimulator(bare, simulate_incidents(bare, 2)).network_history(
+            bare.start, bare.start + H, 600))

@@ -49,3 +49,14 @@ def load_history(store: Store, sim: FleetSimulator, start: dt.datetime, end: dt.
             done = int((last.replace(tzinfo=dt.UTC) - start).total_seconds() // interval_s) + 1
             progress(min(done, ticks), ticks)
     return LoadResult(samples, events, incidents, nics)
+
+
+def load_network(store: Store, sim: FleetSimulator, start: dt.datetime, end: dt.datetime, *,
+                 interval_s: float = 60.0) -> LoadResult:
+    """Write only NIC port samples and incidents for [start, end) into ``store`` (no GPU
+    telemetry: ``FleetSimulator.network_history``), for a model of network failures."""
+    incidents = nics = 0
+    for cols, found in sim.network_history(start, end, interval_s=interval_s):
+        nics += store.insert_nic_columns(cols)
+        incidents += store.insert_incidents(found)
+    return LoadResult(0, 0, incidents, nics)

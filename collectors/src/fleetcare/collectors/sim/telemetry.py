@@ -430,6 +430,30 @@ class FleetSimulator:
                 )
 
 
+    def network_history(self, start: dt.datetime, end: dt.datetime, interval_s: float = 60
+                        ) -> Iterator[tuple[dict[str, np.ndarray], list[Incident]]]:
+        """(NIC port samples, incidents) covering ``start .. end`` as ``history`` gives
+        them, without the GPU telemetry and XIDs: what a model of network failures learns
+        from (``fleetcare.models.prior``'s network head), at a small part of the cost.
+        ``ValueError`` for a fleet without NIC ports."""
+        if self.spec.nic_ports == 0:
+            raise ValueError("network_history needs NIC ports: FleetSpec(nic_ports=8)")
+        a, b = self.seconds(start), self.seconds(end)
+        if a < 0 or interval_s <= 0 or b <= a:
+            raise ValueError(f"network_history needs fleet start <= start < end and "
+                             f"interval_s > 0, got {start}..{end} every {interval_s}s")
+        ticks = np.arange(a, b, float(interval_s))
+        groups = self.groups()
+        per = max(1, ROWS_PER_CHUNK // (self.spec.nodes * self.spec.nic_ports))
+        for c0 in range(0, len(ticks), per):
+            tk = ticks[c0:c0 + per]
+            hi = float(ticks[c0 + per]) if c0 + per < len(ticks) else b
+            for grp in groups:
+                nics = grp.nic_step(tk)
+                assert nics is not None  # the fleet has ports
+                yield nics, grp.incidents(float(tk[0]), hi)
+
+
 def columns_to_records(cols: dict[str, np.ndarray], struct: type[Rec]) -> list[Rec]:
     """The rows of columnar simulator output (``ts`` naive UTC) as ``struct`` objects,
     keeping only ``struct``'s fields (slow path: tests, live backend)."""
