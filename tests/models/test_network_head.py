@@ -15,7 +15,7 @@ import pytest
 from fleetcare.collectors.sim import FleetSimulator, FleetSpec, simulate_incidents
 from fleetcare.models import network_head, registry, scoring, training
 from fleetcare.models.model import FailureModel
-from fleetcare.pipeline import nic_features
+from fleetcare.pipeline import nic_features, nic_rollup
 from fleetcare.pipeline.simload import load_history
 from fleetcare.pipeline.store import Store
 
@@ -106,3 +106,48 @@ def test_combine_at_matches_rows_by_time_and_node() -> None:
     out = network_head.combine_at(t, node, risk, t[[2, 1]], np.array(["a", "b"], dtype=object),
                                   np.array([0.5, 0.5]))
     assert out.tolist() == [0.5, 0.6, 0.5]
+
+
+def test_evaluate_scores_the_shipped_prior_with_its_head(
+        nic_fleet: Store, trained: training.TrainResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``evaluate`` measures the fleet prior as it scores: its node risks combined with
+    the network head it ships, over the test period."""
+    from fleetcare.models import evaluation
+
+    blob = trained.model.to_bytes()
+    shipped = FailureModel.from_bytes(blob)
+    monkeypatch.setattr(evaluation, "_shipped_prior",
+                        lambda cfg: (shipped, {"threshold": 0.5}, blob))
+    heads: list[FailureModel] = []
+    real = network_head.adjuster
+
+    def spy(head: FailureModel, spans: list) -> network_head.Adjust:
+        heads.append(head)
+        return real(head, spans)
+
+    monkeypatch.setattr(network_head, "adjuster", spy)
+    got = evaluation.evaluate_store(nic_fleet)["prior"]["at_shipped_threshold"]
+    assert any(h is shipped.network_head_ for h in heads)
+    caught = sum(got["detected_by_mode"].get(m, [0, 0])[0] for m in ("link", "nic"))
+    assert caught >= 1
+
+
+def test_a_head_fitted_on_sampled_negatives_keeps_the_base_rate(nic_fleet: Store) -> None:
+    """``negatives`` < 1 (the fleet prior's many node-hours) keeps a share of the rows
+    without a network failure ahead, weighted back: probabilities stay at the base rate
+    (unweighted, they would be about 1 / share too high)."""
+    nic_rollup.refresh(nic_fleet)
+    lo, hi = (t.replace(tzinfo=dt.UTC) for t in nic_fleet.cursor().execute(
+        "SELECT min(ts), max(ts) FROM nic_telemetry").fetchone())
+    lo = lo + 24 * H
+    periods = [network_head.Period(nic_fleet, lo, hi)]
+    r = network_head.rows(nic_fleet, lo, hi, horizon_h=72)
+    base = r.y[~r.after].mean()
+    for share in (1.0, 0.25):
+        head = network_head.fit(periods, horizon_h=72, seed=0, negatives=share)
+        assert head is not None
+        p = head.predict_proba(r.X[~r.after])[:, 1]
+        assert p.mean() == pytest.approx(base, rel=0.5), share
+    with pytest.raises(ValueError, match="negatives"):
+        network_head.fit(periods, horizon_h=72, seed=0, negatives=0.0)

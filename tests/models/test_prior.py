@@ -4,6 +4,7 @@ in every store that has no model, replaced only by a fleet model that beats it."
 from __future__ import annotations
 
 import datetime as dt
+import json
 
 import numpy as np
 import pytest
@@ -16,20 +17,25 @@ from fleetcare.pipeline.store import Store
 TINY_TRAIN = (SimFleet("ta", 12, 8, 91, "H100", 40), SimFleet("tb", 12, 8, 93, "A100", 40))
 TINY_VALIDATION = (SimFleet("va", 12, 8, 92, "H200", 40),)
 TINY_X4 = (SimFleet("vb", 12, 8, 92, "H200", 160),)
+TINY_NET = (SimFleet("na", 32, 20, 71, "H100", 100, 8),)
+TINY_NET_VALIDATION = (SimFleet("nv", 32, 20, 72, "H100", 100, 8),)
+TINY_NET_X4 = (SimFleet("nx", 32, 20, 73, "H100", 400, 8),)
+NET = {"network_fleets": TINY_NET, "network_validation": TINY_NET_VALIDATION,
+       "network_validation_x4": TINY_NET_X4}
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     work = tmp_path_factory.mktemp("prior")
     model, meta = prior.build(work, train_fleets=TINY_TRAIN, validation_fleets=TINY_VALIDATION,
-                              validation_x4=TINY_X4)
+                              validation_x4=TINY_X4, **NET)
     return work, model, meta
 
 
 def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
     work, model, meta = tiny
     again, meta2 = prior.build(work, train_fleets=TINY_TRAIN, validation_fleets=TINY_VALIDATION,
-                               validation_x4=TINY_X4)
+                               validation_x4=TINY_X4, **NET)
     assert again.to_bytes() == model.to_bytes()        # same code, same stores, same bytes
     assert {f["name"] for f in meta["train_fleets"]} == {"ta", "tb"}
     assert meta["validation_fleets"][0]["seed"] == 92
@@ -52,6 +58,18 @@ def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
     assert meta["validation_x4_fleets"][0]["failure_scale"] == 160
     assert meta["validation_scores"] == meta["validation_x4_scores"] == "hourly"
     assert "simulated" in meta["data"]
+    # a network head rides along, described by the fleets it saw and checked on others
+    assert model.network_head_ is not None and "network_head" in json.loads(model.to_bytes())
+    net = meta["network_head"]
+    assert [f["name"] for f in net["train_fleets"]] == ["na"]
+    assert net["train_fleets"][0]["nic_ports"] == 8 and "simulated" in net["data"]
+    assert net["features"] == list(model.network_head_.feature_names_in_)
+    assert net["train_positives"] == model.network_head_.n_train_positives_ > 0
+    for key in ("validation", "validation_x4"):
+        v = net[key]
+        assert v["threshold"] == meta["threshold"]      # the prior's, not the head's own
+        assert set(v["detected_by_mode"]) <= {"link", "nic"} and v["detected_by_mode"]
+        assert 0.0 <= v["network_recall"] <= 1.0 and v["false_drains"] is not None
     path = prior.write(model, meta, tmp_path)
     assert FailureModel.from_bytes(path.read_bytes()).to_bytes() == model.to_bytes()
     assert (tmp_path / prior.META_FILE).exists()
@@ -204,3 +222,97 @@ def test_threshold_command_rewrites_only_the_meta(tiny, tmp_path, monkeypatch, c
     assert written["features"] == meta["features"] and "threshold_s" in written
     assert not (tmp_path / prior.MODEL_FILE).exists()
     assert out["prior_id"] == prior.prior_id(model.to_bytes())
+
+
+def test_head_command_ships_a_head_beside_the_unchanged_gpu_model(tiny, tmp_path, monkeypatch,
+                                                                  capsys):
+    """``prior head`` adds a network head to the shipped prior: its GPU booster,
+    calibration and threshold stay, and the meta says what the head is."""
+    work, model, meta = tiny
+    bare = FailureModel.from_bytes(model.to_bytes())
+    bare.network_head_ = None
+    gpu_meta = {k: v for k, v in meta.items() if k != "network_head"}
+    monkeypatch.setattr(prior, "load", lambda: (bare.to_bytes(), gpu_meta))
+    monkeypatch.setattr(prior, "NETWORK_TRAIN_FLEETS", TINY_NET)
+    monkeypatch.setattr(prior, "NETWORK_VALIDATION_FLEETS", TINY_NET_VALIDATION)
+    monkeypatch.setattr(prior, "NETWORK_VALIDATION_X4_FLEETS", TINY_NET_X4)
+    assert prior.main(["head", "--workdir", str(work), "--out", str(tmp_path)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    shipped = FailureModel.from_bytes((tmp_path / prior.MODEL_FILE).read_bytes())
+    written = json.loads((tmp_path / prior.META_FILE).read_text())
+    assert shipped.network_head_ is not None
+    assert shipped.network_head_.to_bytes() == model.network_head_.to_bytes()  # as build fits
+    gpu_only = FailureModel.from_bytes(shipped.to_bytes())
+    gpu_only.network_head_ = None
+    assert gpu_only.to_bytes() == bare.to_bytes()
+    assert written["threshold"] == meta["threshold"] and written["features"] == meta["features"]
+    assert written["network_head"]["validation"] == meta["network_head"]["validation"]
+    assert out["prior_id"] == prior.prior_id(shipped.to_bytes()) != prior.prior_id(bare.to_bytes())
+
+
+def test_a_prior_with_a_head_scores_a_new_fleet_with_ports_for_network_failures(tiny, tmp_path):
+    """A new fleet whose nodes report InfiniBand ports has no model of its own: the prior
+    scores it, and a node's risk takes in the head's probability of a network failure."""
+    from fleetcare.collectors.sim import FleetSimulator, simulate_incidents
+    from fleetcare.models import network_head, scoring
+    from fleetcare.pipeline import features
+    from fleetcare.pipeline.simload import load_history
+
+    _, model, meta = tiny
+    spec = SimFleet("new", 16, 6, 87, "H100", 100, 8).spec()
+    store = Store(tmp_path / "new.duckdb")
+    load_history(store, FleetSimulator(spec, simulate_incidents(spec, 6)), spec.start,
+                 spec.start + dt.timedelta(days=6), interval_s=600)
+    features.refresh(store)
+    rec = prior.ensure_current(store, lambda: (model.to_bytes(), meta))
+    assert rec is not None and rec.origin == "prior"
+    fails = store.cursor().execute(
+        "SELECT node, ts FROM incidents WHERE kind = 'failure' AND mode IN ('link', 'nic') "
+        "AND ts > ? ORDER BY ts", [(spec.start + dt.timedelta(days=2)).replace(tzinfo=None)]
+    ).fetchall()
+    assert fails
+    checked = 0
+    for node, ts in fails:
+        at = (ts - dt.timedelta(hours=2)).replace(tzinfo=dt.UTC)
+        res = scoring.score(store, at=at, model=rec.model_id)  # (not the package's prior)
+        rows = [r for r in res.node_scores.to_pylist() if r["node"] == node]
+        if not rows:
+            continue  # down for an earlier repair
+        _, p = network_head.predict_latest(model.network_head_, store, at, nodes=[node])
+        gpus = res.gpu_scores.filter(
+            res.gpu_scores.column("node").to_numpy(zero_copy_only=False) == node)
+        r_gpu = 1.0 - np.prod(1.0 - gpus.column("risk").to_numpy())
+        assert rows[0]["risk"] == pytest.approx(1 - (1 - r_gpu) * (1 - p[0]), rel=1e-9)
+        checked += p[0] > 0
+    assert checked >= 1
+
+
+def test_an_upgraded_package_moves_a_store_from_the_older_prior_to_its_own(tiny, tmp_path):
+    """A store scored by the prior an earlier fleetcare shipped moves to the one shipped
+    now (a prior is the package's default); a store with a model of its own keeps it."""
+    _, model, meta = tiny
+    old = FailureModel.from_bytes(model.to_bytes())
+    old.network_head_ = None  # the prior shipped before: no network head
+    old_id, new_id = prior.prior_id(old.to_bytes()), prior.prior_id(model.to_bytes())
+    path = tmp_path / "f.duckdb"
+    with Store(path) as store:
+        assert prior.ensure_current(store, lambda: (old.to_bytes(), meta)).model_id == old_id
+    with Store(path, read_only=True) as store:  # nothing written: the older one scores
+        assert prior.ensure_current(store, lambda: (model.to_bytes(), meta)).model_id == old_id
+    with Store(path) as store:
+        rec = prior.ensure_current(store, lambda: (model.to_bytes(), meta))
+        assert rec.model_id == new_id and rec.is_current and rec.origin == "prior"
+        assert old_id in rec.current_reason and "replaced" in rec.current_reason
+        assert registry.current(store).model_id == new_id
+        assert registry.load(store, new_id).network_head_ is not None
+        assert rec.metrics["network_head"]["validation"] == meta["network_head"]["validation"]
+        assert {r.model_id for r in registry.list_models(store)} == {old_id, new_id}
+        assert prior.ensure_current(store, lambda: (model.to_bytes(), meta)).model_id == new_id
+        # and back again (a downgrade): the registered record is promoted, not duplicated
+        assert prior.ensure_current(store, lambda: (old.to_bytes(), meta)).model_id == old_id
+        assert len(registry.list_models(store)) == 2
+    other = tmp_path / "g.duckdb"
+    with Store(other) as store:
+        mine = registry.save(store, old, metrics={})
+        assert prior.ensure_current(store, lambda: (model.to_bytes(), meta)).model_id == \
+            mine.model_id

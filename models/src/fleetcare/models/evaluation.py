@@ -351,7 +351,8 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     out_model["network_head"] = T.head_summary(head)
     s_log = tp.scores("logistic")
     out_log, _ = _method_metrics(s_log, failures, cfg, node_days)
-    out_prior = (_prior_metrics(tp.scores("prior"), shipped, failures, cfg, node_days)
+    out_prior = (_prior_metrics(_with_head(tp.scores("prior"), shipped[0].network_head_, test,
+                                           "test"), shipped, failures, cfg, node_days)
                  if shipped is not None else None)
 
     start, end = tp.period(cfg.every_s)
@@ -467,7 +468,8 @@ def _prior_metrics(s: NodeScores, shipped: tuple[Any, dict[str, Any], bytes], fa
     out["model_id"] = prior.prior_id(blob)
     out["at_shipped_threshold"] = {k: at[k] for k in (
         "threshold", "recall_at_budget", "recall_ci95", "false_drains",
-        "false_drains_per_1000_node_days", "median_lead_time_h", "recall_by_mode")}
+        "false_drains_per_1000_node_days", "median_lead_time_h", "recall_by_mode",
+        "detected_by_mode")}
     return out
 
 

@@ -283,14 +283,18 @@ class FailureModel:
             min_isotonic_positives=self.min_isotonic_positives, weight=cw)
         return self
 
-    def calibrate_margins(self, margin: np.ndarray, y: Any) -> FailureModel:
+    def calibrate_margins(self, margin: np.ndarray, y: Any, *, weight: Any = None
+                          ) -> FailureModel:
         """Fit the calibrator on margins given (e.g. out-of-fold margins of boosters like
-        this one, fitted without those rows: ``network_head``), in place."""
+        this one, fitted without those rows: ``network_head``), in place; ``weight``: row
+        weights, as ``fit``'s ``cal_weight``."""
         self._check()
         yv = _as_labels(y)
+        w = None if weight is None else np.asarray(weight, dtype=np.float64)
         self.calibrator_ = _fit_calibrator(np.asarray(margin, dtype=np.float64), yv,
                                            spw=self.scale_pos_weight_, method=self.calibration,
-                                           min_isotonic_positives=self.min_isotonic_positives)
+                                           min_isotonic_positives=self.min_isotonic_positives,
+                                           weight=w)
         self.n_cal_positives_ = int(yv.sum())
         return self
 

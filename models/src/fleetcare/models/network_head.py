@@ -21,7 +21,8 @@ calibrated out of fold over the fit and calibration periods together (``fit``).
 A head is fitted only when the fit period holds at least ``MIN_FAILURES`` network
 failures on nodes that report InfiniBand ports (``fit`` returns None otherwise, and
 nothing changes). It travels inside the GPU model (``FailureModel.network_head_``, in
-its bytes). The day after any failure of a node neither fits nor calibrates the head
+its bytes); ``python -m fleetcare.models.prior head`` fits one for the fleet prior on
+simulated fleets with ports (``prior.fit_network_head``; not shipped yet, see there). The day after any failure of a node neither fits nor calibrates the head
 (the node is down, then its counters start again), as for the GPU model.
 """
 
@@ -137,7 +138,8 @@ def network_failures(rows_: Rows) -> int:
     return int(gap.sum())
 
 
-def fit(periods: Sequence[Period], *, horizon_h: float, seed: int) -> FailureModel | None:
+def fit(periods: Sequence[Period], *, horizon_h: float, seed: int, negatives: float = 1.0
+        ) -> FailureModel | None:
     """The head fitted on the periods' fit and calibration rows, calibrated out of fold;
     None when they hold fewer than ``MIN_FAILURES`` network failures (or no NIC rows).
 
@@ -146,7 +148,13 @@ def fit(periods: Sequence[Period], *, horizon_h: float, seed: int) -> FailureMod
     false drains in one test period of ``bench/bench_network.py``'s seed 23 fleet, every
     one at P ~ 1). So the booster is fitted on both periods' rows and its calibrator on
     the out-of-fold margins of ``FOLDS`` boosters, each fitted without one block of time
-    (every row calibrates once, by a booster that did not see it)."""
+    (every row calibrates once, by a booster that did not see it). ``negatives`` < 1 keeps
+    that share of the rows that no network failure follows (drawn with ``seed``), each
+    weighing ``1 / negatives`` in the fit and the calibration, so probabilities keep the
+    base rate (what the fleet prior's many node-days need)."""
+    if not 0 < negatives <= 1:
+        raise ValueError(f"negatives={negatives} must be in (0, 1]: the share of rows "
+                         "without a network failure ahead that the head fits on")
     parts = []
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
     for p in periods:
@@ -156,19 +164,27 @@ def fit(periods: Sequence[Period], *, horizon_h: float, seed: int) -> FailureMod
     every = _cat(parts)
     if len(every.y) == 0 or network_failures(every) < MIN_FAILURES or every.y.all():
         return None
+    weight = None
+    if negatives < 1:
+        keep = every.y | (np.random.default_rng(seed).random(len(every.y)) < negatives)
+        weight = np.where(every.y, 1.0, 1.0 / negatives)[keep]
+        every = _subset(every, keep)
     return fit_matrix(every.X, every.y, every.ts, list(nic_features.FEATURE_NAMES),
-                      horizon_h=horizon_h, seed=seed)
+                      horizon_h=horizon_h, seed=seed, weight=weight)
 
 
 def fit_matrix(X: np.ndarray, y: np.ndarray, ts: np.ndarray, names: list[str], *,
-               horizon_h: float, seed: int) -> FailureModel:
+               horizon_h: float, seed: int, weight: np.ndarray | None = None
+               ) -> FailureModel:
     """A head booster fitted on every row, calibrated on the out-of-fold margins of
     ``FOLDS`` boosters each fitted without one block of time (``ts``); a plain prior
-    shift when a fold leaves no positive (or no negative) to fit on."""
+    shift when a fold leaves no positive (or no negative) to fit on. ``weight``: row
+    weights for both (None: 1)."""
 
     def booster(mask: np.ndarray) -> FailureModel:
         m = FailureModel(horizon_h=horizon_h, seed=seed, **PARAMS)  # type: ignore[arg-type]
-        return m.fit(X[mask], y[mask], feature_names=names)
+        return m.fit(X[mask], y[mask], feature_names=names,
+                     sample_weight=None if weight is None else weight[mask])
 
     t = ts.astype(np.int64)
     edges = np.quantile(t, np.linspace(0.0, 1.0, FOLDS + 1))
@@ -180,7 +196,7 @@ def fit_matrix(X: np.ndarray, y: np.ndarray, ts: np.ndarray, names: list[str], *
         if not y[out].any() or y[out].all():
             return booster(every)
         oof[~out] = booster(out).decision_function(X[~out])
-    return booster(every).calibrate_margins(oof, y)
+    return booster(every).calibrate_margins(oof, y, weight=weight)
 
 
 def _subset(r: Rows, mask: np.ndarray) -> Rows:

@@ -18,8 +18,18 @@ share of healthy rows the first model scores highest (the look-alikes a false dr
 made of; ``dataset.sample``), each counting ``HARD_WEIGHT`` times in the fit. The
 calibration rows are weighted to the fleets' base rate.
 
+``head`` fits a network head (``network_head``, issue 16) on ``NETWORK_TRAIN_FLEETS``,
+fleets with InfiniBand ports simulated without GPU telemetry, into the shipped prior (it
+rides in the model's bytes; a fleet without ports scores as before). The shipped prior
+has none yet: at published rates the head's calibrated probability never exceeds ~0.15
+(network failures are rare and marginal links look like failing ones), so at the prior's
+operating threshold it caught none of the validation fleets' 21 network failures, while
+its ranking catches 15 of 19 failing links at 0.1 false drains per 1,000 node-days at a
+threshold of its own (README). Shipping it needs an operating point per head.
+
     python -m fleetcare.models.prior build --workdir var/prior   # ~1.5 h on 2 cores
     python -m fleetcare.models.prior threshold --workdir var/prior   # the threshold alone
+    python -m fleetcare.models.prior head --workdir var/prior   # a network head (not shipped)
 
 writes ``fleet_prior.json`` (the model) and ``fleet_prior.meta.json`` (fleets, feature
 list, training rows, validation metrics, threshold) next to this module. The build is
@@ -102,12 +112,13 @@ class SimFleet:
     seed: int
     model: str = "H100"
     failure_scale: float = 1.0
+    nic_ports: int = 0
 
     def spec(self) -> Any:
         from fleetcare.collectors.sim import FleetSpec
 
         return FleetSpec(nodes=self.nodes, seed=self.seed, model=self.model,
-                         failure_scale=self.failure_scale)
+                         failure_scale=self.failure_scale, nic_ports=self.nic_ports)
 
 
 TRAIN_FLEETS = (
@@ -134,6 +145,23 @@ X4_BUDGET = 0.8
 fleets: four fifths of the budget, a margin for the spread between fleets (two fleets'
 ~40 false drains place a threshold to about +/-15 %). Fixed before any fleet of the pool
 was scored with it."""
+
+
+NETWORK_TRAIN_FLEETS = (
+    SimFleet("n1", 1024, 90, 1201, "H100", nic_ports=8),
+    SimFleet("n2", 1024, 90, 1202, "H100:1,A100:1", nic_ports=8),
+)
+"""Fleets with 8 InfiniBand ports a node the network head learns from, at published
+rates: network failures are a tenth of Table 5 (~0.38 per 1,000 node-days), so the head
+needs far more node-days than a GPU fleet; simulated without GPU telemetry
+(``open_network_fleet``), about 70 network failures in all."""
+NETWORK_NEGATIVES = 0.2
+"""Share of node-hours without a network failure ahead that the head fits on (weighted
+``1 / share``: ``network_head.fit``); the two fleets hold 4.4 M node-hours."""
+NETWORK_VALIDATION_FLEETS = (SimFleet("nv1", 1024, 90, 1301, "H100:1,H200:1", nic_ports=8),)
+NETWORK_VALIDATION_X4_FLEETS = (SimFleet("nv1x4", 512, 60, 1302, "H100", 4.0, 8),)
+"""The head's checks (never trained on): its false drains at the shipped threshold, at
+published rates and with every rate (and every marginal link) x4."""
 
 
 # -- simulated fleets -----------------------------------------------------------------------
@@ -167,6 +195,129 @@ def open_fleet(workdir: str | Path, fleet: SimFleet, *, interval_s: int = INTERV
     features.refresh(store)
     mark_simulated(store, note)
     return store
+
+
+def open_network_fleet(workdir: str | Path, fleet: SimFleet, *,
+                       interval_s: int = INTERVAL_S, say: Progress | None = None) -> Store:
+    """A fleet's NIC port samples and incidents only (``simload.load_network``: no GPU
+    telemetry), rolled up (``nic_rollup``); simulated the first time, reused after."""
+    from fleetcare.collectors.sim import simulate_incidents
+    from fleetcare.collectors.sim.telemetry import FleetSimulator
+    from fleetcare.pipeline import nic_rollup
+    from fleetcare.pipeline.simload import load_network, mark_simulated
+
+    if not fleet.nic_ports:
+        raise ValueError(f"{fleet.name}: a network fleet needs nic_ports")
+    path = Path(workdir) / f"{fleet.name}-{fleet.seed}.network.duckdb"
+    note = (f"network only: nodes={fleet.nodes} days={fleet.days} seed={fleet.seed} "
+            f"model={fleet.model} failure_scale={fleet.failure_scale} "
+            f"nic_ports={fleet.nic_ports} interval={interval_s}s")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(path)
+    store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
+    if store.get_meta("simulation") == note:
+        return store
+    store.close()
+    for stale in (path, path.with_name(path.name + ".wal")):  # another fleet, or cut short
+        stale.unlink(missing_ok=True)
+    store = Store(path)
+    store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
+    spec = fleet.spec()
+    if say is not None:
+        say(f"simulating {fleet.name}: {note}")
+    sim = FleetSimulator(spec, simulate_incidents(spec, fleet.days))
+    load_network(store, sim, spec.start, spec.start + dt.timedelta(days=fleet.days),
+                 interval_s=interval_s)
+    nic_rollup.refresh(store, full=True)
+    mark_simulated(store, note)
+    return store
+
+
+def _network_span(fleet: SimFleet) -> tuple[dt.datetime, dt.datetime]:
+    """Scoring times of a network fleet: from a day after its start (the first windows
+    fill) to its end."""
+    start = fleet.spec().start
+    return start + T.WARMUP, start + dt.timedelta(days=fleet.days)
+
+
+def fit_network_head(workdir: str | Path, fleets: Sequence[SimFleet] = NETWORK_TRAIN_FLEETS,
+                     *, seed: int = 0, say: Progress | None = None) -> FailureModel:
+    """The prior's network head (``network_head.fit``: labelled over the warning window,
+    calibrated out of fold) on ``fleets``' whole time."""
+    from fleetcare.models import network_head
+
+    stores = [open_network_fleet(workdir, f, say=say) for f in fleets]
+    try:
+        periods = [network_head.Period(st, *_network_span(f), f"{f.name}/")
+                   for f, st in zip(fleets, stores, strict=True)]
+        if say is not None:
+            say(f"fitting the network head on {len(fleets)} fleets")
+        head = network_head.fit(periods, horizon_h=M.WINDOW_H, seed=seed,
+                                negatives=NETWORK_NEGATIVES)
+    finally:
+        for st in stores:
+            st.close()
+    if head is None:
+        raise ValueError("the network fleets hold fewer than network_head.MIN_FAILURES "
+                         "network failures: simulate more node-days")
+    return head
+
+
+def network_scores(workdir: str | Path, fleet: SimFleet, head: FailureModel, *,
+                   say: Progress | None = None) -> FleetScores:
+    """The head's probabilities on every node-hour of a network fleet, as node risks
+    (a fleet without GPU telemetry: the head is all that scores it)."""
+    from fleetcare.models import network_head
+    from fleetcare.models.evaluation import NodeScores
+
+    lo, hi = _network_span(fleet)
+    W = np.timedelta64(int(round(M.WINDOW_H * 3600)), "s")
+    with open_network_fleet(workdir, fleet, say=say) as store:
+        r = network_head.rows(store, lo, hi, horizon_h=M.WINDOW_H, shard=f"{fleet.name}/")
+        found = dataset.fleet_failures(store)
+    p = head.predict_proba(r.X)[:, 1] if len(r.y) else np.zeros(0)
+    known = np.asarray(r.ts + W <= network_head._np(hi), dtype=bool)
+    start = network_head._np(lo)
+    failures = [M.Failure(f"{fleet.name}/{f.node}", f.ts, f.mode) for f in found
+                if start < f.ts.astype("datetime64[us]") <= network_head._np(hi)]
+    return FleetScores(fleet.name, NodeScores(r.ts, r.node, p, r.y, known), failures,
+                       len(r.ts) / 24.0, r.y[known], p[known])
+
+
+NETWORK_MODES = ("link", "nic")
+
+
+def _network_summary(m: dict[str, Any]) -> dict[str, Any]:
+    by_mode = {k: v for k, v in m.get("detected_by_mode", {}).items() if k in NETWORK_MODES}
+    n = sum(t for _, t in by_mode.values())
+    keep = ("threshold", "node_days", "false_drains", "false_drains_per_1000_node_days",
+            "median_lead_time_h", "pr_auc", "base_rate")
+    return {**{k: m.get(k) for k in keep}, "detected_by_mode": by_mode,
+            "network_recall": (sum(d for d, _ in by_mode.values()) / n) if n else None}
+
+
+def network_head_meta(workdir: str | Path, head: FailureModel, threshold: float, *,
+                      fleets: Sequence[SimFleet] = NETWORK_TRAIN_FLEETS,
+                      validation: Sequence[SimFleet] = NETWORK_VALIDATION_FLEETS,
+                      validation_x4: Sequence[SimFleet] = NETWORK_VALIDATION_X4_FLEETS,
+                      say: Progress | None = None) -> dict[str, Any]:
+    """What the shipped meta says of the head: its fleets, and on fleets it never saw, the
+    false drains it alone adds at the prior's operating ``threshold`` and the network
+    failures it catches there (at published rates and x4)."""
+    out: dict[str, Any] = {
+        "data": "simulated: NIC port samples and incidents only (no GPU telemetry) of "
+                "the fleets listed; network modes, their precursors and the marginal links "
+                "are assumptions (collectors/sim/nics.py)",
+        "horizon_h": M.WINDOW_H, "features": list(head.feature_names_in_),
+        "train_fleets": [asdict(f) for f in fleets],
+        "train_positives": head.n_train_positives_, "negatives": NETWORK_NEGATIVES,
+    }
+    for key, group in (("validation", validation), ("validation_x4", validation_x4)):
+        if group:
+            val = pooled([network_scores(workdir, f, head, say=say) for f in group])
+            out[f"{key}_fleets"] = [asdict(f) for f in group]
+            out[key] = _network_summary(metrics_of(val, threshold=threshold))
+    return out
 
 
 # -- a fleet's rows -----------------------------------------------------------------------------
@@ -337,8 +488,13 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
           train_fleets: Sequence[SimFleet] = TRAIN_FLEETS,
           validation_fleets: Sequence[SimFleet] = VALIDATION_FLEETS,
           validation_x4: Sequence[SimFleet] = VALIDATION_X4_FLEETS, events: bool = False,
+          network_fleets: Sequence[SimFleet] = (),
+          network_validation: Sequence[SimFleet] = NETWORK_VALIDATION_FLEETS,
+          network_validation_x4: Sequence[SimFleet] = NETWORK_VALIDATION_X4_FLEETS,
           say: Progress | None = None) -> tuple[FailureModel, dict[str, Any]]:
-    """Simulate (or reuse) the fleets, train, validate; returns the model and its meta."""
+    """Simulate (or reuse) the fleets, train, validate; returns the model and its meta.
+    With ``network_fleets`` (e.g. ``NETWORK_TRAIN_FLEETS``), the model carries a network
+    head (``with_network_head``); the shipped prior has none yet (module doc)."""
     say = say or (lambda _m: None)
     t0 = time.perf_counter()
     model: FailureModel | None = None
@@ -380,7 +536,31 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
     if validation_x4:
         meta.update(operating_threshold(workdir, model, meta, validation_x4, events=events,
                                         say=say))
+    if network_fleets:
+        meta = with_network_head(workdir, model, meta, fleets=network_fleets,
+                                 validation=network_validation,
+                                 validation_x4=network_validation_x4, seed=seed, say=say)
     return model, meta
+
+
+def with_network_head(workdir: str | Path, model: FailureModel, meta: dict[str, Any], *,
+                      fleets: Sequence[SimFleet] = NETWORK_TRAIN_FLEETS,
+                      validation: Sequence[SimFleet] = NETWORK_VALIDATION_FLEETS,
+                      validation_x4: Sequence[SimFleet] = NETWORK_VALIDATION_X4_FLEETS,
+                      seed: int = 0, say: Progress | None = None) -> dict[str, Any]:
+    """Fit the prior's network head on ``fleets`` into ``model`` (its GPU booster,
+    calibration and operating threshold stay as they are) and return ``meta`` with what
+    the head is and does on fleets it never saw (``network_head_meta``).
+
+    The prior's GPU fleets have no InfiniBand ports and the GPU model cannot learn a
+    network failure (it names no GPU); without a head, a fleet with ports would see no
+    network failure coming until it has a model of its own."""
+    t0 = time.perf_counter()
+    model.network_head_ = fit_network_head(workdir, fleets, seed=seed, say=say)
+    head = network_head_meta(workdir, model.network_head_, float(meta["threshold"]),
+                             fleets=fleets, validation=validation,
+                             validation_x4=validation_x4, say=say)
+    return {**meta, "network_head": {**head, "build_s": round(time.perf_counter() - t0)}}
 
 
 def validation_scores(workdir: str | Path, fleets: Sequence[SimFleet], model: FailureModel,
@@ -494,6 +674,7 @@ def operating_threshold(workdir: str | Path, model: FailureModel, meta: dict[str
 
 def write(model: FailureModel, meta: dict[str, Any], folder: Path | None = None) -> Path:
     folder = folder or Path(__file__).parent
+    folder.mkdir(parents=True, exist_ok=True)
     (folder / MODEL_FILE).write_bytes(model.to_bytes())
     write_meta(meta, folder)
     return folder / MODEL_FILE
@@ -527,11 +708,25 @@ Shipped = Callable[[], tuple[bytes, dict[str, Any]]]
 
 
 def _shipped_metrics(meta: dict[str, Any]) -> dict[str, Any]:
-    return {**meta["validation"], "threshold": meta["threshold"]}
+    """What the registry (``fleetcare models list``, ``GET /v1/model``) says of the
+    shipped prior: its validation at the operating threshold, and of its network head
+    (when it has one) what it caught and cost on the network fleets it never saw."""
+    out = {**meta["validation"], "threshold": meta["threshold"]}
+    head = meta.get("network_head")
+    if head:
+        out["network_head"] = {k: head[k] for k in ("train_positives", "validation",
+                                                    "validation_x4") if k in head}
+    return out
 
 
-def install(store: Store, shipped: Shipped = load) -> registry.ModelRecord:
-    """Register the shipped prior in ``store`` (once); current when nothing else is.
+REASON_UPGRADED = ("fleet prior: the package's prior replaced {old}, the prior shipped "
+                   "before; this fleet has no model of its own that beat it")
+
+
+def install(store: Store, shipped: Shipped = load, *, replaces: str | None = None
+            ) -> registry.ModelRecord:
+    """Register the shipped prior in ``store`` (once); current when nothing else is, or
+    when it ``replaces`` an older shipped prior that is current.
 
     Registered already (same model bytes), its metrics are brought up to the shipped
     meta's: ``python -m fleetcare.models.prior threshold`` re-chooses the operating
@@ -546,7 +741,10 @@ def install(store: Store, shipped: Shipped = load) -> registry.ModelRecord:
         return registry.save(
             store, model, metrics=_shipped_metrics(meta),
             created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), model_id=mid,
-            origin="prior", current_reason=REASON_PRIOR)
+            origin="prior", make_current=True if replaces else None,
+            current_reason=REASON_UPGRADED.format(old=replaces) if replaces else REASON_PRIOR)
+    if replaces:
+        rec = registry.promote(store, mid, reason=REASON_UPGRADED.format(old=replaces))
     return _refreshed(store, rec, _shipped_metrics(meta))
 
 
@@ -566,7 +764,10 @@ def _refreshed(store: Store, rec: registry.ModelRecord,
 
 def ensure_current(store: Store, shipped: Shipped = load) -> registry.ModelRecord | None:
     """The current model, the shipped prior installed first when there is none (and its
-    metrics brought up to the shipped meta's when it is current already)."""
+    metrics brought up to the shipped meta's when it is current already). A store whose
+    current model is a prior shipped before (an upgrade of fleetcare brought another)
+    moves to the shipped one: a prior is the package's default, not the fleet's own model
+    (a read-only store keeps the older one until its next writable open)."""
     rec = registry.current(store)
     if rec is not None and rec.origin != "prior":
         return rec
@@ -587,7 +788,12 @@ def ensure_current(store: Store, shipped: Shipped = load) -> registry.ModelRecor
     if rec is None:
         install(store, lambda: (blob, meta))
         return registry.current(store)
-    return _refreshed(store, rec, fresh) if rec.model_id == prior_id(blob) else rec
+    if rec.model_id == prior_id(blob):
+        return _refreshed(store, rec, fresh)
+    if store.read_only:
+        return rec
+    log.info("prior.upgraded %s -> %s", rec.model_id, prior_id(blob))
+    return install(store, lambda: (blob, meta), replaces=rec.model_id)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -605,6 +811,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                    "(reused when present)")
     t.add_argument("--out", default=None, help="folder to write the meta to (default: the "
                    "package)")
+    h = sub.add_parser("head", help="fit the network head on simulated fleets with "
+                       "InfiniBand ports (NIC telemetry only, into --workdir when absent) "
+                       "and ship it inside the prior (its GPU model and threshold unchanged)")
+    h.add_argument("--workdir", required=True, help="where the simulated fleets' stores go "
+                   "(reused when present)")
+    h.add_argument("--out", default=None, help="folder to write to (default: the package)")
     for p in (b, t):
         p.add_argument("--events", action="store_true", help="validate on event scores too "
                        "(a minute after every urgent signal, as serve scores; 0.7-1.8 s per "
@@ -629,6 +841,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({"prior_id": prior_id(blob), "threshold": meta["threshold"],
                           "validation_x4": meta["validation_x4"],
                           "validation_x4_at_threshold": meta["validation_x4_at_threshold"]}))
+        return 0
+    if args.cmd == "head":
+        blob, meta = load()
+        model = FailureModel.from_bytes(blob)
+        meta = with_network_head(args.workdir, model, meta, fleets=NETWORK_TRAIN_FLEETS,
+                                 validation=NETWORK_VALIDATION_FLEETS,
+                                 validation_x4=NETWORK_VALIDATION_X4_FLEETS, say=say)
+        write(model, meta, folder)
+        print(json.dumps({"prior_id": prior_id(model.to_bytes()),
+                          "network_head": {k: v for k, v in meta["network_head"].items()
+                                           if k != "features"}}))
         return 0
     model, meta = build(args.workdir, events=args.events, say=say)
     path = write(model, meta, folder)
