@@ -165,6 +165,22 @@ published rates and with every rate (and every marginal link) x4."""
 
 
 # -- simulated fleets -----------------------------------------------------------------------
+def _kept_or_new(path: Path, note: str) -> tuple[Store, bool]:
+    """(the store at ``path``, True) when it holds the simulation ``note`` names, else
+    (an empty store there, False): another fleet's, or one cut short, is deleted."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    store = Store(path)
+    store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
+    if store.get_meta("simulation") == note:
+        return store, True
+    store.close()
+    for stale in (path, path.with_name(path.name + ".wal")):
+        stale.unlink(missing_ok=True)
+    store = Store(path)
+    store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
+    return store, False
+
+
 def open_fleet(workdir: str | Path, fleet: SimFleet, *, interval_s: int = INTERVAL_S,
                say: Progress | None = None) -> Store:
     """The fleet's store in ``workdir``: simulated and rolled up the first time, reused
@@ -174,18 +190,11 @@ def open_fleet(workdir: str | Path, fleet: SimFleet, *, interval_s: int = INTERV
     from fleetcare.pipeline import features
     from fleetcare.pipeline.simload import load_history, mark_simulated
 
-    path = Path(workdir) / f"{fleet.name}-{fleet.seed}.duckdb"
     note = (f"nodes={fleet.nodes} days={fleet.days} seed={fleet.seed} model={fleet.model} "
             f"failure_scale={fleet.failure_scale} interval={interval_s}s")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    store = Store(path)
-    store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
-    if store.get_meta("simulation") == note:
+    store, complete = _kept_or_new(Path(workdir) / f"{fleet.name}-{fleet.seed}.duckdb", note)
+    if complete:
         return store
-    if store.get_meta("simulation") is not None or store.raw.bounds(store.cursor())[0]:
-        store.close()
-        path.unlink()
-        return open_fleet(workdir, fleet, interval_s=interval_s, say=say)
     spec = fleet.spec()
     if say is not None:
         say(f"simulating {fleet.name}: {note}")
@@ -208,20 +217,13 @@ def open_network_fleet(workdir: str | Path, fleet: SimFleet, *,
 
     if not fleet.nic_ports:
         raise ValueError(f"{fleet.name}: a network fleet needs nic_ports")
-    path = Path(workdir) / f"{fleet.name}-{fleet.seed}.network.duckdb"
     note = (f"network only: nodes={fleet.nodes} days={fleet.days} seed={fleet.seed} "
             f"model={fleet.model} failure_scale={fleet.failure_scale} "
             f"nic_ports={fleet.nic_ports} interval={interval_s}s")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    store = Store(path)
-    store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
-    if store.get_meta("simulation") == note:
+    store, complete = _kept_or_new(
+        Path(workdir) / f"{fleet.name}-{fleet.seed}.network.duckdb", note)
+    if complete:
         return store
-    store.close()
-    for stale in (path, path.with_name(path.name + ".wal")):  # another fleet, or cut short
-        stale.unlink(missing_ok=True)
-    store = Store(path)
-    store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
     spec = fleet.spec()
     if say is not None:
         say(f"simulating {fleet.name}: {note}")
