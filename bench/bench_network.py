@@ -27,8 +27,7 @@ import time
 from typing import Any
 
 from fleetcare.api.cli import main as cli
-
-NETWORK = ("link", "nic")
+from fleetcare.models import network_head
 
 
 def _run(argv: list[str]) -> dict[str, Any]:
@@ -40,15 +39,19 @@ def _run(argv: list[str]) -> dict[str, Any]:
     return dict(json.loads(out.getvalue()))
 
 
+def _recalls(by_mode: dict[str, list[int]]) -> dict[str, Any]:
+    """Precursor and network recall (0 where there were none) from ``detected_by_mode``."""
+    prec = [v for k, v in by_mode.items() if k != "none"]
+    return {"precursor_recall": sum(d for d, _ in prec) / max(1, sum(n for _, n in prec)),
+            "network_recall": network_head.recall(by_mode)[0] or 0.0}
+
+
 def _summary(m: dict[str, Any]) -> dict[str, Any]:
     by_mode = m["detected_by_mode"]
-    net = [by_mode.get(k, [0, 0]) for k in NETWORK]
-    prec = [v for k, v in by_mode.items() if k != "none"]
     return {
         "pr_auc": m["pr_auc"], "threshold": m["threshold"],
         "false_drains_per_1000_node_days": m["false_drains_per_1000_node_days"],
-        "precursor_recall": sum(d for d, _ in prec) / max(1, sum(n for _, n in prec)),
-        "network_recall": sum(d for d, _ in net) / max(1, sum(n for _, n in net)),
+        **_recalls(by_mode),
         "median_lead_h": m["median_lead_time_h"],
         "detected_by_mode": by_mode,
     }
@@ -57,13 +60,9 @@ def _summary(m: dict[str, Any]) -> dict[str, Any]:
 def _at_shipped(a: dict[str, Any]) -> dict[str, Any]:
     """The prior at its own operating threshold (fixed on its validation fleets)."""
     by_mode = a.get("detected_by_mode") or {}
-    net = [by_mode.get(k, [0, 0]) for k in NETWORK]
-    prec = [v for k, v in by_mode.items() if k != "none"]
     return {"threshold": a["threshold"],
             "false_drains_per_1000_node_days": a["false_drains_per_1000_node_days"],
-            "precursor_recall": sum(d for d, _ in prec) / max(1, sum(n for _, n in prec)),
-            "network_recall": sum(d for d, _ in net) / max(1, sum(n for _, n in net)),
-            "detected_by_mode": by_mode}
+            **_recalls(by_mode), "detected_by_mode": by_mode}
 
 
 def main() -> int:

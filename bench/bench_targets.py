@@ -45,6 +45,7 @@ from typing import Any
 
 from fleetcare.api.cli import main as cli
 from fleetcare.models import evaluation as E
+from fleetcare.models import network_head
 from fleetcare.pipeline.store import Store
 
 
@@ -62,7 +63,6 @@ def _sim(db: str, nodes: int, days: int, seed: int, scale: float, model: str,
 
 
 STORE_MEMORY = "1GB"
-NETWORK = ("link", "nic")
 
 
 def _eval(fn: Any, *fleets: list[str]) -> dict[str, Any]:
@@ -80,10 +80,8 @@ def _eval(fn: Any, *fleets: list[str]) -> dict[str, Any]:
 
 def network_recall(m: dict[str, Any]) -> dict[str, Any]:
     """Failures and catches of the network modes (``link``, ``nic``) at the budget."""
-    by_mode = {k: v for k, v in m["detected_by_mode"].items() if k in NETWORK}
-    n = sum(t for _, t in by_mode.values())
-    return {"value": sum(d for d, _ in by_mode.values()) / n if n else None,
-            "detected_by_mode": by_mode}
+    value, by_mode = network_head.recall(m["detected_by_mode"])
+    return {"value": value, "detected_by_mode": by_mode}
 
 
 def run(shards: int, nodes: int, days: int, seed: int, scale: float, workdir: str,

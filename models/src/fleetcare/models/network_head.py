@@ -41,6 +41,8 @@ from fleetcare.pipeline.store import Store
 
 NETWORK_CAUSES = ("network_switch_cable", "nic")
 """Table 5 causes the head predicts (cable/switch, NIC)."""
+MODES = ("link", "nic")
+"""The failure modes of those causes that have precursors (``collectors.sim``)."""
 MIN_FAILURES = 3
 """Network failures the fit period needs for a head (fewer: no head)."""
 AFTERMATH_H = 24.0
@@ -219,6 +221,15 @@ def predict_latest(head: FailureModel, store: Store, at: dt.datetime, *,
     t = nic_features.latest(store, at, nodes=None if nodes is None else list(nodes))
     p = head.predict_proba(features_of(t))[:, 1] if t.num_rows else np.zeros(0)
     return t, p
+
+
+def recall(detected_by_mode: dict[str, list[int]]) -> tuple[float | None, dict[str, list[int]]]:
+    """Network failures caught over those with precursors, from a report's
+    ``detected_by_mode`` ({mode: [caught, of]}; None when it has none), and the
+    ``MODES`` entries it was counted from."""
+    net = {k: v for k, v in detected_by_mode.items() if k in MODES}
+    n = sum(of for _, of in net.values())
+    return (sum(c for c, _ in net.values()) / n if n else None), net
 
 
 def combine(r_gpu: np.ndarray, p_net: np.ndarray) -> np.ndarray:

@@ -165,74 +165,67 @@ published rates and with every rate (and every marginal link) x4."""
 
 
 # -- simulated fleets -----------------------------------------------------------------------
-def _kept_or_new(path: Path, note: str) -> tuple[Store, bool]:
-    """(the store at ``path``, True) when it holds the simulation ``note`` names, else
-    (an empty store there, False): another fleet's, or one cut short, is deleted."""
+def _simulated(path: Path, note: str, fleet: SimFleet, say: Progress | None,
+               load: Callable[[Store, Any, dt.datetime, dt.datetime], object],
+               roll_up: Callable[[Store], object]) -> Store:
+    """The store at ``path`` when it holds the simulation ``note`` names (a store is
+    complete once ``meta.simulation`` says so); else (another fleet's, or one cut short:
+    deleted) ``fleet`` simulated into a new one by ``load(store, sim, start, end)`` and
+    rolled up by ``roll_up``."""
+    from fleetcare.collectors.sim import simulate_incidents
+    from fleetcare.collectors.sim.telemetry import FleetSimulator
+    from fleetcare.pipeline.simload import mark_simulated
+
     path.parent.mkdir(parents=True, exist_ok=True)
     store = Store(path)
     store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
     if store.get_meta("simulation") == note:
-        return store, True
+        return store
     store.close()
     for stale in (path, path.with_name(path.name + ".wal")):
         stale.unlink(missing_ok=True)
     store = Store(path)
     store.con.execute(f"SET memory_limit = '{STORE_MEMORY}'")
-    return store, False
+    spec = fleet.spec()
+    if say is not None:
+        say(f"simulating {fleet.name}: {note}")
+    sim = FleetSimulator(spec, simulate_incidents(spec, fleet.days))
+    load(store, sim, spec.start, spec.start + dt.timedelta(days=fleet.days))
+    roll_up(store)
+    mark_simulated(store, note)
+    return store
 
 
 def open_fleet(workdir: str | Path, fleet: SimFleet, *, interval_s: int = INTERVAL_S,
                say: Progress | None = None) -> Store:
     """The fleet's store in ``workdir``: simulated and rolled up the first time, reused
-    after (a store is complete once it holds ``meta.simulation``)."""
-    from fleetcare.collectors.sim import simulate_incidents
-    from fleetcare.collectors.sim.telemetry import FleetSimulator
+    after."""
     from fleetcare.pipeline import features
-    from fleetcare.pipeline.simload import load_history, mark_simulated
+    from fleetcare.pipeline.simload import load_history
 
     note = (f"nodes={fleet.nodes} days={fleet.days} seed={fleet.seed} model={fleet.model} "
             f"failure_scale={fleet.failure_scale} interval={interval_s}s")
-    store, complete = _kept_or_new(Path(workdir) / f"{fleet.name}-{fleet.seed}.duckdb", note)
-    if complete:
-        return store
-    spec = fleet.spec()
-    if say is not None:
-        say(f"simulating {fleet.name}: {note}")
-    sim = FleetSimulator(spec, simulate_incidents(spec, fleet.days))
-    load_history(store, sim, spec.start, spec.start + dt.timedelta(days=fleet.days),
-                 interval_s=interval_s)
-    features.refresh(store)
-    mark_simulated(store, note)
-    return store
+    return _simulated(Path(workdir) / f"{fleet.name}-{fleet.seed}.duckdb", note, fleet, say,
+                      lambda st, sim, a, b: load_history(st, sim, a, b, interval_s=interval_s),
+                      features.refresh)
 
 
 def open_network_fleet(workdir: str | Path, fleet: SimFleet, *,
                        interval_s: int = INTERVAL_S, say: Progress | None = None) -> Store:
     """A fleet's NIC port samples and incidents only (``simload.load_network``: no GPU
     telemetry), rolled up (``nic_rollup``); simulated the first time, reused after."""
-    from fleetcare.collectors.sim import simulate_incidents
-    from fleetcare.collectors.sim.telemetry import FleetSimulator
     from fleetcare.pipeline import nic_rollup
-    from fleetcare.pipeline.simload import load_network, mark_simulated
+    from fleetcare.pipeline.simload import load_network
 
     if not fleet.nic_ports:
         raise ValueError(f"{fleet.name}: a network fleet needs nic_ports")
     note = (f"network only: nodes={fleet.nodes} days={fleet.days} seed={fleet.seed} "
             f"model={fleet.model} failure_scale={fleet.failure_scale} "
             f"nic_ports={fleet.nic_ports} interval={interval_s}s")
-    store, complete = _kept_or_new(
-        Path(workdir) / f"{fleet.name}-{fleet.seed}.network.duckdb", note)
-    if complete:
-        return store
-    spec = fleet.spec()
-    if say is not None:
-        say(f"simulating {fleet.name}: {note}")
-    sim = FleetSimulator(spec, simulate_incidents(spec, fleet.days))
-    load_network(store, sim, spec.start, spec.start + dt.timedelta(days=fleet.days),
-                 interval_s=interval_s)
-    nic_rollup.refresh(store, full=True)
-    mark_simulated(store, note)
-    return store
+    return _simulated(Path(workdir) / f"{fleet.name}-{fleet.seed}.network.duckdb", note, fleet,
+                      say,
+                      lambda st, sim, a, b: load_network(st, sim, a, b, interval_s=interval_s),
+                      lambda st: nic_rollup.refresh(st, full=True))
 
 
 def _network_span(fleet: SimFleet) -> tuple[dt.datetime, dt.datetime]:
@@ -278,24 +271,22 @@ def network_scores(workdir: str | Path, fleet: SimFleet, head: FailureModel, *,
         r = network_head.rows(store, lo, hi, horizon_h=M.WINDOW_H, shard=f"{fleet.name}/")
         found = dataset.fleet_failures(store)
     p = head.predict_proba(r.X)[:, 1] if len(r.y) else np.zeros(0)
-    known = np.asarray(r.ts + W <= network_head._np(hi), dtype=bool)
-    start = network_head._np(lo)
+    start, end = network_head._np(lo), network_head._np(hi)
+    known = np.asarray(r.ts + W <= end, dtype=bool)
     failures = [M.Failure(f"{fleet.name}/{f.node}", f.ts, f.mode) for f in found
-                if start < f.ts.astype("datetime64[us]") <= network_head._np(hi)]
+                if start < f.ts.astype("datetime64[us]") <= end]
     return FleetScores(fleet.name, NodeScores(r.ts, r.node, p, r.y, known), failures,
                        len(r.ts) / 24.0, r.y[known], p[known])
 
 
-NETWORK_MODES = ("link", "nic")
-
-
 def _network_summary(m: dict[str, Any]) -> dict[str, Any]:
-    by_mode = {k: v for k, v in m.get("detected_by_mode", {}).items() if k in NETWORK_MODES}
-    n = sum(t for _, t in by_mode.values())
+    from fleetcare.models import network_head
+
+    value, by_mode = network_head.recall(m.get("detected_by_mode", {}))
     keep = ("threshold", "node_days", "false_drains", "false_drains_per_1000_node_days",
             "median_lead_time_h", "pr_auc", "base_rate")
     return {**{k: m.get(k) for k in keep}, "detected_by_mode": by_mode,
-            "network_recall": (sum(d for d, _ in by_mode.values()) / n) if n else None}
+            "network_recall": value}
 
 
 def network_head_meta(workdir: str | Path, head: FailureModel, threshold: float, *,
