@@ -151,3 +151,40 @@ def test_a_head_fitted_on_sampled_negatives_keeps_the_base_rate(nic_fleet: Store
         assert p.mean() == pytest.approx(base, rel=0.5), share
     with pytest.raises(ValueError, match="negatives"):
         network_head.fit(periods, horizon_h=72, seed=0, negatives=0.0)
+
+
+def test_out_of_fold_calibration_purges_rows_that_share_a_failure_with_the_held_out_block(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A row's label looks ``horizon_h`` ahead, so the rows just before a held-out block of
+    time and those just after it are labelled by the same failures as the block's own rows.
+    The booster that scores a block out of fold must not fit on them (else the calibrator
+    learns from margins that saw the answer): every fold's booster fits only rows at least
+    ``horizon_h`` from the block it scores, on both sides."""
+    horizon_h = 72.0
+    hours = np.arange(0, 40 * 24, dtype=np.int64)  # 40 days, one row an hour
+    ts = (np.datetime64("2026-01-01T00:00", "us")
+          + hours.astype("timedelta64[h]").astype("timedelta64[us]"))
+    rng = np.random.default_rng(0)
+    X = np.column_stack([hours.astype(np.float32), rng.random(len(hours)).astype(np.float32)])
+    y = (hours % 97) < 30  # positives in every block
+    fitted: list[np.ndarray] = []
+    scored: list[np.ndarray] = []
+    real_fit, real_margin = FailureModel.fit, FailureModel.decision_function
+
+    def fit(self: FailureModel, X: np.ndarray, *a: object, **k: object) -> FailureModel:
+        fitted.append(np.asarray(X)[:, 0].copy())
+        return real_fit(self, X, *a, **k)  # type: ignore[arg-type]
+
+    def margin(self: FailureModel, X: np.ndarray) -> np.ndarray:
+        scored.append(np.asarray(X)[:, 0].copy())
+        return real_margin(self, X)
+
+    monkeypatch.setattr(FailureModel, "fit", fit)
+    monkeypatch.setattr(FailureModel, "decision_function", margin)
+    network_head.fit_matrix(X, y, ts, ["hour", "noise"], horizon_h=horizon_h, seed=0)
+    assert len(scored) == network_head.FOLDS and len(fitted) == network_head.FOLDS + 1
+    for train, block in zip(fitted, scored, strict=False):
+        lo, hi = block.min(), block.max()
+        near = (train > lo - horizon_h) & (train < hi + horizon_h)
+        assert not near.any(), (lo, hi, np.sort(train[near])[[0, -1]])
+    assert len(fitted[-1]) == len(hours)  # the shipped booster fits every row

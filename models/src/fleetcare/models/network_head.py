@@ -179,25 +179,33 @@ def fit_matrix(X: np.ndarray, y: np.ndarray, ts: np.ndarray, names: list[str], *
                horizon_h: float, seed: int, weight: np.ndarray | None = None
                ) -> FailureModel:
     """A head booster fitted on every row, calibrated on the out-of-fold margins of
-    ``FOLDS`` boosters each fitted without one block of time (``ts``); a plain prior
-    shift when a fold leaves no positive (or no negative) to fit on. ``weight``: row
-    weights for both (None: 1)."""
+    ``FOLDS`` boosters each fitted without one block of time (``ts``) and without the rows
+    within ``horizon_h`` of it on either side: their labels look ahead to the same
+    failures as the block's rows (a purge; without it the calibrator learnt from margins
+    that had seen the answer at every block's edges). A plain prior shift when a fold
+    leaves no positive (or no negative) to fit on. ``weight``: row weights for both
+    (None: 1)."""
 
     def booster(mask: np.ndarray) -> FailureModel:
         m = FailureModel(horizon_h=horizon_h, seed=seed, **PARAMS)  # type: ignore[arg-type]
         return m.fit(X[mask], y[mask], feature_names=names,
                      sample_weight=None if weight is None else weight[mask])
 
-    t = ts.astype(np.int64)
+    t = ts.astype("datetime64[us]").astype(np.int64)
     edges = np.quantile(t, np.linspace(0.0, 1.0, FOLDS + 1))
     fold = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, FOLDS - 1)
+    purge = int(round(horizon_h * 3600e6))
     oof = np.zeros(len(y))
     every = np.ones(len(y), dtype=bool)
     for k in range(FOLDS):
-        out = fold != k
+        block = fold == k
+        if not block.any():
+            continue
+        lo, hi = t[block].min(), t[block].max()
+        out = ~block & ((t <= lo - purge) | (t >= hi + purge))
         if not y[out].any() or y[out].all():
             return booster(every)
-        oof[~out] = booster(out).decision_function(X[~out])
+        oof[block] = booster(out).decision_function(X[block])
     return booster(every).calibrate_margins(oof, y, weight=weight)
 
 
