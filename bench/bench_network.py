@@ -58,9 +58,10 @@ def _summary(m: dict[str, Any]) -> dict[str, Any]:
 
 
 def _at_shipped(a: dict[str, Any]) -> dict[str, Any]:
-    """The prior at its own operating threshold (fixed on its validation fleets)."""
+    """The prior at its own operating point (fixed on its validation fleets): its
+    threshold, and its network head's."""
     by_mode = a.get("detected_by_mode") or {}
-    return {"threshold": a["threshold"],
+    return {"threshold": a["threshold"], "network_threshold": a.get("network_threshold"),
             "false_drains_per_1000_node_days": a["false_drains_per_1000_node_days"],
             **_recalls(by_mode), "detected_by_mode": by_mode}
 

@@ -120,17 +120,52 @@ def test_evaluate_scores_the_shipped_prior_with_its_head(
     monkeypatch.setattr(evaluation, "_shipped_prior",
                         lambda cfg: (shipped, {"threshold": 0.5}, blob))
     heads: list[FailureModel] = []
-    real = network_head.adjuster
+    real = network_head.lookup
 
-    def spy(head: FailureModel, spans: list) -> network_head.Adjust:
+    def spy(head: FailureModel, spans: list) -> network_head.Lookup:
         heads.append(head)
         return real(head, spans)
 
-    monkeypatch.setattr(network_head, "adjuster", spy)
+    monkeypatch.setattr(network_head, "lookup", spy)
     got = evaluation.evaluate_store(nic_fleet)["prior"]["at_shipped_threshold"]
     assert any(h is shipped.network_head_ for h in heads)
     caught = sum(got["detected_by_mode"].get(m, [0, 0])[0] for m in ("link", "nic"))
     assert caught >= 1
+
+
+def test_the_shipped_priors_head_alarms_at_its_own_threshold(
+        nic_fleet: Store, trained: training.TrainResult, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fleet prior's operating point is one threshold per head (its meta's
+    ``network_head.threshold``): a node alarms when its combined risk reaches the prior's
+    threshold or its network probability reaches the head's. Above every risk the first
+    alone catches nothing; the head's threshold then catches network failures."""
+    from fleetcare.models import evaluation
+
+    blob = trained.model.to_bytes()
+    shipped = FailureModel.from_bytes(blob)
+
+    def at_shipped(meta: dict) -> dict:
+        monkeypatch.setattr(evaluation, "_shipped_prior", lambda cfg: (shipped, meta, blob))
+        return evaluation.evaluate_store(nic_fleet)["prior"]["at_shipped_threshold"]
+
+    def caught(got: dict, net: bool) -> int:
+        return sum(c for m, (c, _) in got["detected_by_mode"].items()
+                   if (m in network_head.MODES) == net)
+
+    one = at_shipped({"threshold": 1.01})
+    assert one["network_threshold"] is None and one["detected_by_mode"]
+    assert caught(one, net=True) == caught(one, net=False) == 0 == one["false_drains"]
+    per_head = at_shipped({"threshold": 1.01, "network_head": {"threshold": 0.3}})
+    assert per_head["network_threshold"] == 0.3
+    assert caught(per_head, net=True) >= 1
+
+
+def test_alarm_risk_raises_a_row_to_the_threshold_where_the_head_reaches_its_own() -> None:
+    risk = np.array([0.2, 0.95, 0.2, 0.4])
+    p_net = np.array([0.05, 0.0, 0.12, 0.3])
+    assert network_head.alarm_risk(risk, p_net, 0.9, 0.1).tolist() == [0.2, 0.95, 0.9, 0.9]
+    assert network_head.alarm_risk(risk, p_net, 0.9, None).tolist() == risk.tolist()
 
 
 def test_a_head_fitted_on_sampled_negatives_keeps_the_base_rate(nic_fleet: Store) -> None:

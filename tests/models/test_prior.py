@@ -65,11 +65,18 @@ def test_build_is_reproducible_and_describes_itself(tiny, tmp_path):
     assert net["train_fleets"][0]["nic_ports"] == 8 and "simulated" in net["data"]
     assert net["features"] == list(model.network_head_.feature_names_in_)
     assert net["train_positives"] == model.network_head_.n_train_positives_ > 0
-    for key in ("validation", "validation_x4"):
+    # ... with an operating threshold of its own: the lowest holding its share of the
+    # budget on its validation fleets at published rates and x4
+    assert (net["budget"], net["x4_budget"]) == (prior.NETWORK_BUDGET, prior.NETWORK_X4_BUDGET)
+    assert net["threshold"] is not None and 0.0 < net["threshold"] <= 1.0
+    for key, budget in (("validation", prior.NETWORK_BUDGET),
+                        ("validation_x4", prior.NETWORK_X4_BUDGET)):
         v = net[key]
-        assert v["threshold"] == meta["threshold"]      # the prior's, not the head's own
+        assert v["threshold"] == net["threshold"]
         assert set(v["detected_by_mode"]) <= {"link", "nic"} and v["detected_by_mode"]
         assert 0.0 <= v["network_recall"] <= 1.0 and v["false_drains"] is not None
+        allowed = int(v["node_days"] * budget / 1000)
+        assert v["false_drains"] <= allowed
     path = prior.write(model, meta, tmp_path)
     assert FailureModel.from_bytes(path.read_bytes()).to_bytes() == model.to_bytes()
     assert (tmp_path / prior.META_FILE).exists()

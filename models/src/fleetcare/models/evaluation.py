@@ -255,17 +255,28 @@ def _cal_scores(fleets: Sequence[Fleet], predict: dataset.Predict
     return _joined(parts), dataset._concat(keys)
 
 
+def _spans(fleets: Sequence[Fleet], period: str
+           ) -> list[tuple[Any, dt.datetime, dt.datetime, str]]:
+    return [(f.store, *((f.test_from, f.splits.end) if period == "test"
+                        else (f.splits.cal_start, f.splits.test_start)), f.shard)
+            for f in fleets]
+
+
 def _with_head(s: NodeScores, head: Any, fleets: Sequence[Fleet], period: str
                ) -> NodeScores:
     """``s`` with each node's risk combined with the network head's (none: as it is), over
     the fleets' ``test`` or ``cal`` period."""
     if head is None or len(s.ts) == 0:
         return s
-    spans = [(f.store, *((f.test_from, f.splits.end) if period == "test"
-                         else (f.splits.cal_start, f.splits.test_start)), f.shard)
-             for f in fleets]
-    risk = network_head.adjuster(head, spans)(s.ts, s.node, s.risk)
+    risk = network_head.adjuster(head, _spans(fleets, period))(s.ts, s.node, s.risk)
     return NodeScores(s.ts, s.node, risk, s.label, s.known)
+
+
+def _head_p(s: NodeScores, head: Any, fleets: Sequence[Fleet]) -> np.ndarray:
+    """The network head's probability at each of ``s``'s test rows (0 without a head)."""
+    if head is None or len(s.ts) == 0:
+        return np.zeros(len(s.ts))
+    return network_head.lookup(head, _spans(fleets, "test"))(s.ts, s.node)
 
 
 def _rule(fleets: Sequence[Fleet], fn: Callable[..., B.RuleAlarms], t0: dt.datetime,
@@ -351,9 +362,13 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     out_model["network_head"] = T.head_summary(head)
     s_log = tp.scores("logistic")
     out_log, _ = _method_metrics(s_log, failures, cfg, node_days)
-    out_prior = (_prior_metrics(_with_head(tp.scores("prior"), shipped[0].network_head_, test,
-                                           "test"), shipped, failures, cfg, node_days)
-                 if shipped is not None else None)
+    out_prior = None
+    if shipped is not None:
+        s_prior = tp.scores("prior")
+        p_net = _head_p(s_prior, shipped[0].network_head_, test)
+        s_prior = NodeScores(s_prior.ts, s_prior.node, network_head.combine(s_prior.risk, p_net)
+                             if len(p_net) else s_prior.risk, s_prior.label, s_prior.known)
+        out_prior = _prior_metrics(s_prior, shipped, failures, cfg, node_days, p_net=p_net)
 
     start, end = tp.period(cfg.every_s)
     t0 = start.astype(dt.datetime).replace(tzinfo=dt.UTC)
@@ -451,18 +466,24 @@ def _shipped_prior(cfg: EvalConfig) -> tuple[Any, dict[str, Any], bytes] | None:
 
 
 def _prior_metrics(s: NodeScores, shipped: tuple[Any, dict[str, Any], bytes], failures: list[M.Failure],
-                   cfg: EvalConfig, node_days: float) -> dict[str, Any]:
-    """The shipped fleet prior on the same test rows (``s``), at its own operating
-    threshold (fixed on its validation fleets, nothing tuned here) and at the best
-    threshold within the budget on these rows."""
+                   cfg: EvalConfig, node_days: float, *, p_net: np.ndarray | None = None
+                   ) -> dict[str, Any]:
+    """The shipped fleet prior on the same test rows (``s``: its node risks, combined with
+    its network head's ``p_net`` when it has one), at its own operating point (fixed on
+    its validation fleets, nothing tuned here: the threshold, and the head's own threshold
+    on ``p_net``, ``network_head.alarm_risk``) and at the best threshold within the budget
+    on these rows."""
     from fleetcare.models import prior
 
     _model, meta, blob = shipped
     out, _ = _method_metrics(s, failures, cfg, node_days)
     grace = np.timedelta64(cfg.every_s, "s")
     W = np.timedelta64(int(round(cfg.window_h * 3600)), "s")
-    fixed = M.evaluate_alarms(s.ts, s.node, s.risk, failures, float(meta["threshold"]), W,
-                              grace=grace)
+    threshold = float(meta["threshold"])
+    head_threshold = (meta.get("network_head") or {}).get("threshold")
+    alarm = network_head.alarm_risk(s.risk, np.zeros(len(s.risk)) if p_net is None else p_net,
+                                    threshold, head_threshold)
+    fixed = M.evaluate_alarms(s.ts, s.node, alarm, failures, threshold, W, grace=grace)
     at = M.metrics_at(fixed, s.ts, s.node, s.risk, s.label, failures, cfg.window_h,
                       node_days, labeled=s.known, grace=grace)
     out["model_id"] = prior.prior_id(blob)
@@ -470,6 +491,7 @@ def _prior_metrics(s: NodeScores, shipped: tuple[Any, dict[str, Any], bytes], fa
         "threshold", "recall_at_budget", "recall_ci95", "false_drains",
         "false_drains_per_1000_node_days", "median_lead_time_h", "recall_by_mode",
         "detected_by_mode")}
+    out["at_shipped_threshold"]["network_threshold"] = head_threshold
     return out
 
 

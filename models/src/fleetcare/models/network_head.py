@@ -14,16 +14,19 @@ the node within W). Link precursors start days before the link stays down: label
 GPU model's 24 h horizon instead, the head's calibrated probabilities of failing links
 sat below the drain threshold the GPU side sets (network recall 6 of 15 against 9 of 15
 on ``bench/bench_network.py``'s fleet, the rest equal). A node's risk takes both
-(``combine``): ``1 - (1 - r_gpu) * (1 - p_net)``, as a node's GPUs already combine; one
-threshold and one false-drain budget for both, shared by what each scores. The head is
+(``combine``): ``1 - (1 - r_gpu) * (1 - p_net)``, as a node's GPUs already combine. A
+fleet's own model has one threshold and one false-drain budget for both, shared by what
+each scores; the fleet prior's head, whose probabilities stay low at published rates, has
+a threshold of its own (``alarm_risk``, ``prior.network_threshold``). The head is
 calibrated out of fold over the fit and calibration periods together (``fit``).
 
 A head is fitted only when the fit period holds at least ``MIN_FAILURES`` network
 failures on nodes that report InfiniBand ports (``fit`` returns None otherwise, and
 nothing changes). It travels inside the GPU model (``FailureModel.network_head_``, in
 its bytes); ``python -m fleetcare.models.prior head`` fits one for the fleet prior on
-simulated fleets with ports (``prior.fit_network_head``; not shipped yet, see there). The day after any failure of a node neither fits nor calibrates the head
-(the node is down, then its counters start again), as for the GPU model.
+simulated fleets with ports (``prior.fit_network_head``). The day after any failure of a
+node neither fits nor calibrates the head (the node is down, then its counters start
+again), as for the GPU model.
 """
 
 from __future__ import annotations
@@ -247,18 +250,40 @@ def combine(r_gpu: np.ndarray, p_net: np.ndarray) -> np.ndarray:
     return 1.0 - (1.0 - r) * (1.0 - p)
 
 
+def probability_at(ts: np.ndarray, node: np.ndarray, head_ts: np.ndarray,
+                   head_node: np.ndarray, head_p: np.ndarray) -> np.ndarray:
+    """The head's probability at each (ts, node) from its rows (0 where it has none)."""
+    if len(head_p) == 0 or len(ts) == 0:
+        return np.zeros(len(ts))
+    look = {(str(n), t): p for t, n, p in zip(head_ts.tolist(), head_node.tolist(),
+                                              head_p.tolist(), strict=True)}
+    return np.array([look.get((str(n), t), 0.0)
+                     for t, n in zip(np.asarray(ts).astype("datetime64[us]").tolist(),
+                                     np.asarray(node).tolist(), strict=True)], dtype=np.float64)
+
+
 def combine_at(ts: np.ndarray, node: np.ndarray, risk: np.ndarray,
                head_ts: np.ndarray, head_node: np.ndarray, head_p: np.ndarray) -> np.ndarray:
     """``risk`` per (ts, node) combined with the head's probability at the same (ts,
     node); rows the head has no row for keep their risk."""
     if len(head_p) == 0 or len(risk) == 0:
         return np.asarray(risk, dtype=np.float64)
-    look = {(str(n), t): p for t, n, p in zip(head_ts.tolist(), head_node.tolist(),
-                                              head_p.tolist(), strict=True)}
-    p = np.array([look.get((str(n), t), 0.0)
-                  for t, n in zip(np.asarray(ts).astype("datetime64[us]").tolist(),
-                                  np.asarray(node).tolist(), strict=True)])
-    return combine(risk, p)
+    return combine(risk, probability_at(ts, node, head_ts, head_node, head_p))
+
+
+Lookup = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+def lookup(head: FailureModel,
+           spans: Sequence[tuple[Store, dt.datetime, dt.datetime, str]]) -> Lookup:
+    """(ts, node) -> the head's probability at the hourly scoring times of each (store,
+    lo, hi, shard) span (``predict_grid``; 0 where the node has no NIC row)."""
+    parts = [predict_grid(head, st, lo, hi, shard=shard) for st, lo, hi, shard in spans]
+    hts, hnode, hp = (np.concatenate([x[i] for x in parts]) for i in range(3))
+
+    def at(ts: np.ndarray, node: np.ndarray) -> np.ndarray:
+        return probability_at(ts, node, hts, hnode, hp)
+    return at
 
 
 Adjust = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
@@ -267,13 +292,26 @@ Adjust = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 def adjuster(head: FailureModel,
              spans: Sequence[tuple[Store, dt.datetime, dt.datetime, str]]) -> Adjust:
     """(ts, node, node risk) -> node risk combined with the head's probabilities at the
-    hourly scoring times of each (store, lo, hi, shard) span (``predict_grid``)."""
-    parts = [predict_grid(head, st, lo, hi, shard=shard) for st, lo, hi, shard in spans]
-    hts, hnode, hp = (np.concatenate([x[i] for x in parts]) for i in range(3))
+    hourly scoring times of each (store, lo, hi, shard) span (``lookup``)."""
+    p_at = lookup(head, spans)
 
     def adjust(ts: np.ndarray, node: np.ndarray, risk: np.ndarray) -> np.ndarray:
-        return combine_at(ts, node, risk, hts, hnode, hp)
+        return combine(risk, p_at(ts, node)) if len(risk) else np.asarray(risk, float)
     return adjust
+
+
+def alarm_risk(risk: np.ndarray, p_net: np.ndarray, threshold: float,
+               head_threshold: float | None) -> np.ndarray:
+    """Node risks whose crossings of ``threshold`` are the alarms of an operating point
+    per head: a node alarms when its risk (GPUs and network combined) reaches
+    ``threshold`` or its network probability alone reaches ``head_threshold`` (None:
+    the one threshold for both). The fleet prior's head needs one: at published rates
+    its calibrated probability stays far below the GPU side's threshold (``prior``)."""
+    r = np.asarray(risk, dtype=np.float64)
+    if head_threshold is None or len(r) == 0:
+        return r
+    return np.where(np.asarray(p_net, dtype=np.float64) >= head_threshold,
+                    np.maximum(r, threshold), r)
 
 
 DESCRIBE = {

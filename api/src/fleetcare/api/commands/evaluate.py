@@ -206,7 +206,9 @@ def _print_text(out: dict[str, Any], html: str | None) -> None:
               f"{head['train_positives']} node-hours before a cable/switch or NIC failure)")
     if out.get("prior"):
         s = out["prior"]["at_shipped_threshold"]
-        print(f"(fleet prior at its shipped threshold {_fmt(s['threshold'])}: recall "
+        net = s.get("network_threshold")
+        print(f"(fleet prior at its shipped threshold {_fmt(s['threshold'])}"
+              + (f", its network head at {_fmt(net)}" if net is not None else "") + ": recall "
               f"{_fmt(s['recall_at_budget'])} [{_ci(s)}], "
               f"{_fmt(s['false_drains_per_1000_node_days'])} false drains / 1,000 node-days)")
     print(f"\n{'goodput':<16} {'GPU-h lost':>10} {'avoided':>8} {'false drains':>12} {'ETTR':>6}")
