@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import datetime as dt
+import logging
+import threading
+import time
 from pathlib import Path
+
+import pytest
 
 from fleetcare.api.service import Service
 from fleetcare.collectors.clock import ManualClock
@@ -276,3 +281,32 @@ def test_rescore_runs_one_at_a_time(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert seen == [1, 1, 1, 1]
+
+
+def test_stop_interrupts_a_scoring_run_stuck_in_a_long_query(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Ctrl-C on ``serve`` or the demo must not wait for a query that runs for minutes
+    (the next hour's feature base on a loaded machine): after half its timeout ``stop``
+    interrupts the store's running queries, and the scoring thread ends quietly."""
+    store = Store(tmp_path / "f.duckdb")
+    svc = Service(store, keep_raw=None, score_every_s=3600)
+    running = threading.Event()
+
+    def long_run() -> None:
+        cur = store.cursor()
+        running.set()
+        cur.execute("SELECT count(*) FROM range(1000000000000) a WHERE a % 7 = 3").fetchall()
+
+    svc.rescore = long_run  # type: ignore[method-assign]
+    svc.start()
+    assert running.wait(10)
+    time.sleep(0.5)  # inside the query
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="fleetcare.api.service"):
+        svc.stop(timeout_s=4.0)
+    assert time.monotonic() - t0 < 4.0
+    assert not any(t.is_alive() for t in svc.threads)
+    assert "service.score_interrupted" in caplog.text
+    assert "service.score_failed" not in caplog.text
+    assert store.cursor().execute("SELECT 1").fetchone() == (1,)  # the store still works
+    store.close()

@@ -225,6 +225,9 @@ class Service:
                 try:
                     self.rescore()
                 except Exception:
+                    if self._stop.is_set():  # stop() interrupted the run's query
+                        log.info("service.score_interrupted: stopping")
+                        return
                     log.exception("service.score_failed")
                 if not early:
                     # the next cycle a whole period after this one started, none in a burst
@@ -249,12 +252,20 @@ class Service:
         return list(self._threads)
 
     def stop(self, timeout_s: float = 10.0) -> None:
-        """Stop ingest and scoring; waits at most ``timeout_s`` in all for their threads
-        (a scoring run in progress finishes its DuckDB query first)."""
+        """Stop ingest and scoring; waits at most ``timeout_s`` in all for their threads.
+        A scoring run still in a DuckDB query after half of it (a base build of the next
+        hour's features takes minutes on a loaded machine) has its query interrupted
+        (``Store.interrupt``): nothing it writes is half done, and the next start scores
+        afresh."""
         self._stop.set()
         self._wake.set()
         if self.worker is not None:
             self.worker.stop()
         deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.0, deadline - timeout_s / 2 - time.monotonic()))
+        if any(t.is_alive() for t in self._threads):
+            log.info("service.stop interrupting the store's running queries")
+            self.store.interrupt()
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))

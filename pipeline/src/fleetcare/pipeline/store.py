@@ -16,6 +16,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import threading
+import weakref
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -264,6 +265,8 @@ class Store:
                                  f"({exc}); give one like '4GB' ([cli] duckdb_memory, "
                                  "FLEETCARE_CLI_DUCKDB_MEMORY)") from None
         self._lock = threading.RLock()
+        self._cursors: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
+        self._cursors_lock = threading.Lock()
         self.nic_rows_added = 0
         """Rows ``insert_batches`` added to ``nic_telemetry`` (its return value predates
         NIC samples and stays three counts)."""
@@ -280,7 +283,23 @@ class Store:
 
     # -- plumbing ---------------------------------------------------------------
     def cursor(self) -> duckdb.DuckDBPyConnection:
-        return self.con.cursor()
+        cur = self.con.cursor()
+        with self._cursors_lock:
+            self._cursors.add(cur)
+        return cur
+
+    def interrupt(self) -> None:
+        """Interrupt the query each of the store's cursors runs now (it raises
+        ``duckdb.InterruptException`` in its thread; an idle cursor is not affected). For
+        a stop that cannot wait for a long query to end; a transaction interrupted rolls
+        back."""
+        with self._cursors_lock:
+            live = list(self._cursors)
+        for cur in (self.con, *live):
+            try:
+                cur.interrupt()
+            except duckdb.Error:  # closed meanwhile
+                pass
 
     def close(self) -> None:
         self.con.close()
