@@ -131,3 +131,24 @@ def test_isotonic_steps_keep_the_boosters_order():
     assert (np.diff(p)[rising] > 0).all()  # no flat step ties two GPUs the booster ranks apart
     iso = np.interp(margin, model.calibrator_["x"], model.calibrator_["y"])
     assert np.abs(p - iso).max() <= 1e-6  # and calibration is unchanged
+
+
+def test_isotonic_steps_keep_the_order_of_large_margins_too():
+    """The network head's boosters give margins in the hundreds, where a sigmoid is 1.0 in
+    float64: the tie break of calibrators fitted now (``arctan``) still orders them,
+    while a calibrator stored without one (the shipped GPU prior's) keeps the sigmoid
+    and the probabilities it always gave."""
+    from fleetcare.models.model import ISOTONIC_TIE_BREAK, _apply_calibrator
+
+    model, X, _ = _fit()
+    cal = model.calibrator_
+    assert cal["tie_break"] == "arctan"
+    margin = np.array([80.0, 150.0, 300.0, 600.0, 1200.0])
+    flat = {"kind": "isotonic", "x": [0.0, 2000.0], "y": [0.2, 0.2]}  # one wide step
+    p = _apply_calibrator({**flat, "tie_break": "arctan"}, margin)
+    assert (np.diff(p) > 0).all() and np.abs(p - 0.2).max() <= 1e-6
+    old = _apply_calibrator(flat, margin)  # as stored before the tie break was recorded
+    assert old.tolist() == [(1 - ISOTONIC_TIE_BREAK) * 0.2 + ISOTONIC_TIE_BREAK] * 5
+    back = FailureModel.from_bytes(model.to_bytes())
+    assert back.calibrator_ == cal
+    assert np.array_equal(back.predict_proba(X), model.predict_proba(X))

@@ -124,7 +124,7 @@ def _fit_calibrator(margin: np.ndarray, y: np.ndarray, *, spw: float, method: st
         iso = IsotonicRegression(y_min=0.0, y_max=1.0, out_of_bounds="clip")
         iso.fit(margin, y.astype(np.float64), sample_weight=weight)
         return {"kind": "isotonic", "x": [float(v) for v in iso.X_thresholds_],
-                "y": [float(v) for v in iso.y_thresholds_]}
+                "y": [float(v) for v in iso.y_thresholds_], "tie_break": "arctan"}
     if kind == "sigmoid":
         from sklearn.linear_model import LogisticRegression
 
@@ -135,17 +135,33 @@ def _fit_calibrator(margin: np.ndarray, y: np.ndarray, *, spw: float, method: st
 
 
 ISOTONIC_TIE_BREAK = 1e-6
-"""Weight of the margin's sigmoid mixed into isotonic probabilities: isotonic steps are
-flat (with a few failures in the calibration set the top step is P = 1 over a wide
-range of margins), which would tie GPUs the booster ranks apart; this keeps the map
-strictly increasing and moves no probability by more than 1e-6."""
+"""Weight of a strictly increasing function of the margin mixed into isotonic
+probabilities: isotonic steps are flat (with a few failures in the calibration set the
+top step is P = 1 over a wide range of margins), which would tie GPUs the booster ranks
+apart; this keeps the map strictly increasing and moves no probability by more than 1e-6.
+
+The function is the calibrator's ``tie_break``: ``arctan`` (``atan(m) / pi + 1/2``) for
+calibrators fitted now; ``sigmoid`` for those fitted before it was recorded (the shipped
+prior's GPU model among them), whose probabilities stay what they were. The sigmoid is 1.0
+in float64 beyond a margin of ~37, and the network head's boosters (weighted healthy rows)
+give margins in the hundreds: its top calibration steps tied thousands of node-hours, so
+no threshold could hold a small false-drain budget between them."""
+
+
+def _tie_break(kind: str, margin: np.ndarray) -> np.ndarray:
+    if kind == "arctan":
+        return np.arctan(margin) / math.pi + 0.5
+    if kind == "sigmoid":
+        return _sigmoid(margin)
+    raise ModelFormatError(f"unknown isotonic tie_break {kind!r}")
 
 
 def _apply_calibrator(cal: Mapping[str, Any], margin: np.ndarray) -> np.ndarray:
     kind = cal["kind"]
     if kind == "isotonic":
         iso = np.interp(margin, np.asarray(cal["x"]), np.asarray(cal["y"]))
-        return (1.0 - ISOTONIC_TIE_BREAK) * iso + ISOTONIC_TIE_BREAK * _sigmoid(margin)
+        return ((1.0 - ISOTONIC_TIE_BREAK) * iso
+                + ISOTONIC_TIE_BREAK * _tie_break(cal.get("tie_break", "sigmoid"), margin))
     if kind == "sigmoid":
         return _sigmoid(cal["a"] * margin + cal["b"])
     if kind == "prior":
