@@ -115,3 +115,24 @@ def test_promote_compares_then_force(fleet: tuple[str, str, str]) -> None:
     assert forced["promoted"] is True and "forced (--force)" in forced["reason"]
     assert forced["new_metrics"] is None
     assert ok_json("models", "list", "--db", db)["current"] == loser
+
+
+def test_list_says_what_the_priors_network_head_does(tmp_path: Path) -> None:
+    """A new fleet with InfiniBand ports is scored by the shipped prior, whose network head
+    has its own operating threshold: ``models list`` says so, with its validation."""
+    from fleetcare.models import prior
+
+    db = str(tmp_path / "ports.duckdb")
+    p = cli("simulate", "--nodes", "4", "--days", "2", "--nic-ports", "8", "--db", db)
+    assert p.returncode == 0, p.stderr
+    assert cli("score", "--db", db).returncode == 0
+    _, meta = prior.load()
+    head = meta["network_head"]
+    text = cli("models", "list", "--db", db)
+    assert text.returncode == 0, text.stderr
+    line = next(ln for ln in text.stdout.splitlines() if "network head" in ln)
+    assert f"P {head['threshold']:.4f}" in line
+    caught = sum(c for c, _ in head["validation"]["detected_by_mode"].values())
+    assert f"{caught} of " in line
+    doc = ok_json("models", "show", ok_json("models", "list", "--db", db)["current"], "--db", db)
+    assert doc["metrics"]["network_head"]["threshold"] == head["threshold"]

@@ -194,6 +194,16 @@ def _print_list(recs: list[Any]) -> None:
     cur = next((r for r in recs if r.is_current), None)
     if cur is not None and cur.current_reason:
         print(f"* scores because: {cur.current_reason}")
+    head = (cur.metrics.get("network_head") or {}) if cur is not None else {}
+    if head.get("threshold") is not None:
+        v = head.get("validation") or {}
+        caught = sum(c for c, _ in (v.get("detected_by_mode") or {}).values())
+        of = sum(n for _, n in (v.get("detected_by_mode") or {}).values())
+        print(f"* its network head's own operating threshold: P {head['threshold']:.4f} "
+              f"of a network failure within 72 h from the InfiniBand ports alone (on its "
+              f"simulated validation fleet {caught} of {of} caught at "
+              f"{_num(v.get('false_drains_per_1000_node_days'))} false drains / 1,000 "
+              "node-days)")
     print("(recall = recall_at_budget on each model's own held-out data; the prior's on its "
           "simulated validation fleets)")
 
