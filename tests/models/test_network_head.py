@@ -99,12 +99,13 @@ def test_no_head_without_network_failures(tmp_path: Path) -> None:
                             horizon_h=72, seed=0) is None
 
 
-def test_combine_at_matches_rows_by_time_and_node() -> None:
+def test_the_heads_probability_is_matched_by_time_and_node() -> None:
     t = np.array(["2026-01-01T01", "2026-01-01T01", "2026-01-01T02"], dtype="datetime64[us]")
     node = np.array(["a", "b", "a"], dtype=object)
     risk = np.array([0.5, 0.2, 0.0])
-    out = network_head.combine_at(t, node, risk, t[[2, 1]], np.array(["a", "b"], dtype=object),
-                                  np.array([0.5, 0.5]))
+    p = network_head.probability_at(t, node, t[[2, 1]], np.array(["a", "b"], dtype=object),
+                                    np.array([0.5, 0.5]))
+    out = network_head.combine(risk, p)
     assert out.tolist() == [0.5, 0.6, 0.5]
 
 

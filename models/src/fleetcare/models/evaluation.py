@@ -263,20 +263,15 @@ def _spans(fleets: Sequence[Fleet], period: str
 
 
 def _with_head(s: NodeScores, head: Any, fleets: Sequence[Fleet], period: str
-               ) -> NodeScores:
+               ) -> tuple[NodeScores, np.ndarray | None]:
     """``s`` with each node's risk combined with the network head's (none: as it is), over
-    the fleets' ``test`` or ``cal`` period."""
-    if head is None or len(s.ts) == 0:
-        return s
-    risk = network_head.adjuster(head, _spans(fleets, period))(s.ts, s.node, s.risk)
-    return NodeScores(s.ts, s.node, risk, s.label, s.known)
-
-
-def _head_p(s: NodeScores, head: Any, fleets: Sequence[Fleet]) -> np.ndarray:
-    """The network head's probability at each of ``s``'s test rows (0 without a head)."""
-    if head is None or len(s.ts) == 0:
-        return np.zeros(len(s.ts))
-    return network_head.lookup(head, _spans(fleets, "test"))(s.ts, s.node)
+    the fleets' ``test`` or ``cal`` period, and the head's probability at each row (None
+    without a head)."""
+    if head is None:
+        return s, None
+    p = (network_head.lookup(head, _spans(fleets, period))(s.ts, s.node) if len(s.ts)
+         else np.zeros(0))
+    return NodeScores(s.ts, s.node, network_head.combine(s.risk, p), s.label, s.known), p
 
 
 def _rule(fleets: Sequence[Fleet], fn: Callable[..., B.RuleAlarms], t0: dt.datetime,
@@ -351,7 +346,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     say("scoring the test period" + (" (model, logistic, fleet prior)" if shipped else ""))
     tp = _test_period(test, predictors)
     failures = tp.failures
-    s_model = _with_head(tp.scores("model"), head, test, "test")
+    s_model, _ = _with_head(tp.scores("model"), head, test, "test")
     p = tp.p["model"]
     node_days = len(s_model.ts) * cfg.every_s / 86400.0
     y_te = T._bool(tp.keys, "label")[tp.known] if tp.keys.num_rows else np.zeros(0, bool)
@@ -364,10 +359,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     out_log, _ = _method_metrics(s_log, failures, cfg, node_days)
     out_prior = None
     if shipped is not None:
-        s_prior = tp.scores("prior")
-        p_net = _head_p(s_prior, shipped[0].network_head_, test)
-        s_prior = NodeScores(s_prior.ts, s_prior.node, network_head.combine(s_prior.risk, p_net)
-                             if len(p_net) else s_prior.risk, s_prior.label, s_prior.known)
+        s_prior, p_net = _with_head(tp.scores("prior"), shipped[0].network_head_, test, "test")
         out_prior = _prior_metrics(s_prior, shipped, failures, cfg, node_days, p_net=p_net)
 
     start, end = tp.period(cfg.every_s)
@@ -389,7 +381,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
                            checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
 
     s_cal, cal_keys = _cal_scores(train, predictors["model"])
-    s_cal = _with_head(s_cal, head, train, "cal")
+    s_cal, _ = _with_head(s_cal, head, train, "cal")
     cal_jobs = jobs_of(cal_keys)
     c0 = s_cal.ts.min() if len(s_cal.ts) else start
     c1 = (s_cal.ts.max() if len(s_cal.ts) else start) + np.timedelta64(cfg.every_s, "s")

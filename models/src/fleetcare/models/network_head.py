@@ -262,15 +262,6 @@ def probability_at(ts: np.ndarray, node: np.ndarray, head_ts: np.ndarray,
                                      np.asarray(node).tolist(), strict=True)], dtype=np.float64)
 
 
-def combine_at(ts: np.ndarray, node: np.ndarray, risk: np.ndarray,
-               head_ts: np.ndarray, head_node: np.ndarray, head_p: np.ndarray) -> np.ndarray:
-    """``risk`` per (ts, node) combined with the head's probability at the same (ts,
-    node); rows the head has no row for keep their risk."""
-    if len(head_p) == 0 or len(risk) == 0:
-        return np.asarray(risk, dtype=np.float64)
-    return combine(risk, probability_at(ts, node, head_ts, head_node, head_p))
-
-
 Lookup = Callable[[np.ndarray, np.ndarray], np.ndarray]
 
 

@@ -319,16 +319,16 @@ def network_head_meta(workdir: str | Path, head: FailureModel, *,
         "train_positives": head.n_train_positives_, "negatives": NETWORK_NEGATIVES,
         "budget": NETWORK_BUDGET, "x4_budget": NETWORK_X4_BUDGET,
     }
-    scores = {key: pooled([network_scores(workdir, f, head, say=say) for f in group])
-              for key, group in (("validation", validation), ("validation_x4", validation_x4))
-              if group}
+    groups = {k: g for k, g in (("validation", validation), ("validation_x4", validation_x4))
+              if g}
+    scores = {k: pooled([network_scores(workdir, f, head, say=say) for f in g])
+              for k, g in groups.items()}
     out["threshold"] = network_threshold(scores.get("validation"),
                                          scores.get("validation_x4"))
-    for key, group in (("validation", validation), ("validation_x4", validation_x4)):
-        if key in scores:
-            out[f"{key}_fleets"] = [asdict(f) for f in group]
-            out[key] = _network_summary(metrics_of(scores[key], threshold=out["threshold"])
-                                        if out["threshold"] is not None else {})
+    for k, g in groups.items():
+        out[f"{k}_fleets"] = [asdict(f) for f in g]
+        out[k] = _network_summary(metrics_of(scores[k], threshold=out["threshold"])
+                                  if out["threshold"] is not None else {})
     return out
 
 
@@ -524,7 +524,7 @@ def build(workdir: str | Path, *, horizon_h: float = 24.0, seed: int = 0,
           say: Progress | None = None) -> tuple[FailureModel, dict[str, Any]]:
     """Simulate (or reuse) the fleets, train, validate; returns the model and its meta.
     With ``network_fleets`` (e.g. ``NETWORK_TRAIN_FLEETS``), the model carries a network
-    head (``with_network_head``); the shipped prior has none yet (module doc)."""
+    head (``with_network_head``; the shipped one was added by ``head``, module doc)."""
     say = say or (lambda _m: None)
     t0 = time.perf_counter()
     model: FailureModel | None = None

@@ -292,7 +292,7 @@ def evaluate_scored(keys: pa.Table, p: np.ndarray, labeled: np.ndarray, *, horiz
     Alarms use every row and are judged over ``window_h``; row-level metrics (PR-AUC,
     calibration) use only the rows in ``labeled``, those whose label horizon ends inside
     the data. ``node_adjust`` changes the node risks before they are judged (the network
-    head's share, ``network_head.combine_at``).
+    head's share, ``network_head.adjuster``).
     """
     known = np.asarray(labeled, dtype=bool)
     y = _bool(keys, "label") if keys.num_rows else np.zeros(0, dtype=bool)

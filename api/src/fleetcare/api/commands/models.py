@@ -197,8 +197,8 @@ def _print_list(recs: list[Any]) -> None:
     head = (cur.metrics.get("network_head") or {}) if cur is not None else {}
     if head.get("threshold") is not None:
         v = head.get("validation") or {}
-        caught = sum(c for c, _ in (v.get("detected_by_mode") or {}).values())
-        of = sum(n for _, n in (v.get("detected_by_mode") or {}).values())
+        by_mode = (v.get("detected_by_mode") or {}).values()
+        caught, of = sum(c for c, _ in by_mode), sum(n for _, n in by_mode)
         print(f"* its network head's own operating threshold: P {head['threshold']:.4f} "
               f"of a network failure within 72 h from the InfiniBand ports alone (on its "
               f"simulated validation fleet {caught} of {of} caught at "
