@@ -54,6 +54,7 @@ from fleetcare.pipeline.lake import LakeWriter
 from fleetcare.pipeline.schema import SAMPLE_SCHEMA
 from fleetcare.pipeline.store import Store, flatten_batches, records_to_arrow
 from fleetcare.pipeline.validate import CODES, ValidationResult, Validator, source_of
+from fleetcare.pipeline.wire_columns import full_batch
 
 FUZZ = "FLEETCARE_FUZZ_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("FLEETCARE_FUZZ_EXAMPLES", "10000"))
@@ -210,7 +211,7 @@ class RecordingLake(LakeWriter):
     def insert_batches(self, batches: Any, **kw: Any) -> tuple[int, int, int]:
         batches = list(batches)
         counts = super().insert_batches(batches, **kw)
-        self.inserted.extend(batches)
+        self.inserted.extend(map(full_batch, batches))  # msgpack: NVLink lists as bytes
         return counts
 
     def quarantine_many(self, rows: Sequence[Any], **kw: Any) -> int:
@@ -348,7 +349,7 @@ class RecordingStore(Store):
     def insert_batches(self, batches: Any, **kw: Any) -> tuple[int, int, int]:
         batches = list(batches)
         counts = super().insert_batches(batches, **kw)
-        self.inserted.extend(batches)
+        self.inserted.extend(map(full_batch, batches))  # msgpack: NVLink lists as bytes
         return counts
 
     def quarantine_many(self, rows: Sequence[Any], **kw: Any) -> int:

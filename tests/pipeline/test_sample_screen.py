@@ -19,8 +19,9 @@ from fleetcare.collectors.contract import DCGM_FP64_BLANK, DCGM_INT64_BLANK, Gpu
 from fleetcare.pipeline.limits import KNOWN_CAUSES, Limits
 from fleetcare.pipeline.record_checks import RANGED, RecordChecks
 from fleetcare.pipeline.sample_screen import SampleScreen
-from fleetcare.pipeline.schema import SAMPLE_SCHEMA
+from fleetcare.pipeline.schema import NVLINK_LISTS, SAMPLE_SCHEMA
 from fleetcare.pipeline.store import records_to_arrow
+from fleetcare.pipeline.wire_columns import WireSample
 
 LIM = Limits()
 NOW = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -64,7 +65,8 @@ def _edges() -> dict[str, list[Any]]:
         hint = str(tp.type)
         if "list" in hint:
             pool = [None, [], [0], [0] * 18, [0] * 19, [1, -1], [DCGM_INT64_BLANK, 0],
-                    [2**64 - 1], [5] * 17]
+                    [2**64 - 1], [5] * 17, [-1] * 18, [0] * 17 + [DCGM_INT64_BLANK],
+                    [300] * 18, [2**40, -(2**40)] * 9, [0] * 17 + [2**64 - 1]]
             out[f] = pool if "bool" not in hint else [None, [], [True], [False] * 18,
                                                      [True] * 19, [True] * 17]
         elif "float" in hint:
@@ -166,3 +168,29 @@ def test_values_a_column_minimum_and_maximum_do_not_decide():
     wide = [full(i, links=LIM.max_nvlinks + 1) for i in range(3)]  # one width, too many
     assert all(CHECKS.check("samples", s, NODE, now) for s in wide)
     assert SCREEN.screen(wide, [NODE] * 3, now).suspects == {0, 1, 2}
+
+
+def as_wire(samples: list[GpuSample]) -> list[Any]:
+    """``samples`` as ingest decodes msgpack: NVLink lists left as their bytes
+    (``WireSample``; the other fields as they are, edge values included)."""
+    out = []
+    for s in samples:
+        values = msgspec.structs.asdict(s)
+        for name in NVLINK_LISTS:
+            if values[name] is not None:
+                values[name] = msgspec.Raw(msgspec.msgpack.encode(values[name]))
+        out.append(WireSample(**values))
+    return out
+
+
+@settings(max_examples=1500, deadline=None, database=None, derandomize=True)
+@given(poll())
+def test_samples_with_their_lists_as_bytes_screen_as_the_decoded_ones(case):
+    samples, nodes = case
+    now = NOW.timestamp()
+    decoded = SCREEN.screen(samples, nodes, now)
+    raw = SCREEN.screen(as_wire(samples), nodes, now)
+    assert raw.suspects == decoded.suspects and not raw.undecodable
+    assert (raw.table is None) == (decoded.table is None)
+    if raw.table is not None:
+        assert same(raw.table, decoded.table)

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import datetime as dt
 
-from fleetcare.collectors.contract import SCHEMA_VERSION, Batch, NicSample, XidEvent
+from fleetcare.collectors.contract import (
+    SCHEMA_VERSION,
+    Batch,
+    NicSample,
+    XidEvent,
+    encode_batch,
+)
 from fleetcare.pipeline.urgent import UrgentSignals
+from fleetcare.pipeline.wire_columns import WIRE_BATCH
 from tests.collectors.test_contract import sample
 
 T0 = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
@@ -62,3 +69,18 @@ def test_links_going_down_are_urgent():
     assert u.observe([batch(nics=[port("ACTIVE", 0)])]) == set()
     assert u.observe([batch(nics=[port("DOWN", 1)])]) == {"node-00001"}
     assert "mlx5_0 port 1 left ACTIVE" in u.why["node-00001"]
+
+
+def test_a_link_going_down_is_seen_in_batches_as_ingest_decodes_msgpack():
+    """Ingest hands the hook what it decoded: from msgpack, NVLink lists still bytes."""
+    u = UrgentSignals()
+    up = sample(ts=T0, gpu_uuid="GPU-1", nvlink_up=[True] * 4)
+    down = sample(ts=T0 + dt.timedelta(minutes=1), gpu_uuid="GPU-1",
+                  nvlink_up=[True, True, False, True])
+
+    def wire(b: Batch) -> object:
+        return WIRE_BATCH.decode(encode_batch(b))
+
+    assert u.observe([wire(batch(samples=[up]))]) == set()
+    assert u.observe([wire(batch(samples=[down]))]) == {"node-00001"}
+    assert "NVLink 2" in u.why["node-00001"]

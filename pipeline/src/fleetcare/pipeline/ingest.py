@@ -70,8 +70,11 @@ class Ingestor:
                  on_landed: Callable[[list[Batch]], None] | None = None) -> None:
         self.store = store
         self.on_landed = on_landed
-        """Called with the batches just landed (before the offsets are committed); an
-        error in it is logged, never lost data (the rows are already in)."""
+        """Called with the batches just landed (before the offsets are committed), as
+        they were decoded: a ``Batch`` or, from msgpack, a ``wire_columns.WireBatch``
+        (its samples' NVLink lists still bytes: ``wire_columns.as_list`` reads one,
+        ``full_batch`` the whole). An error in it is logged, never lost data (the rows
+        are already in)."""
         self.consumer = consumer
         self.max_records = max_records
         self.validator = validator if validator is not None else Validator()
@@ -89,7 +92,7 @@ class Ingestor:
             nics = getattr(self.store, "nic_rows_added", 0) - nics_before
         if self.on_landed is not None and checked.kept:
             try:
-                self.on_landed(checked.batches)
+                self.on_landed(checked.landing)
             except Exception:
                 log.exception("ingest.on_landed_failed: the rows are landed; only the "
                               "hook's reaction to them is lost")
@@ -135,7 +138,10 @@ class Ingestor:
         if not checked.kept:
             return 0, 0, 0
         try:
-            return self.store.insert_batches(checked.batches, sample_table=checked.sample_table)
+            if checked.sample_table is not None:  # the rows are converted: no need to
+                return self.store.insert_batches(  # decode the batches' NVLink lists
+                    checked.landing, sample_table=checked.sample_table)
+            return self.store.insert_batches(checked.batches)
         except DATA_ERRORS as exc:
             log.warning("ingest.insert_refused batches=%d error=%s: inserting them one by one",
                         len(checked.kept), clip(str(exc)))

@@ -13,6 +13,12 @@ be a suspect too, which costs only its check. A column Arrow cannot hold (an int
 past int64: NVML's 2**64-1) is screened row by row and no table is returned; the sinks
 then convert the kept samples themselves.
 
+Samples decoded from msgpack with their NVLink lists as bytes (``wire_columns.
+WireSample``) have those lists read into columns by ``wire_columns.link_columns``, and
+tested on the numbers it read; a list that is not a list of integers (booleans for
+``nvlink_up``) is named in ``Screened.undecodable`` so the validator opens that record
+with the strict decoder (which says why).
+
 Each test mirrors a check of ``record_checks`` (the field groups come from its
 ``SHAPES``, so a field added to the contract is screened like it is checked):
 
@@ -33,6 +39,7 @@ import math
 import operator
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import msgspec
@@ -45,6 +52,7 @@ from fleetcare.pipeline.limits import Limits
 from fleetcare.pipeline.record_checks import COUNTERS, RANGED, SHAPES, TEXT_FIELDS
 from fleetcare.pipeline.schema import NVLINK_LISTS, SAMPLE_SCHEMA
 from fleetcare.pipeline.store import grid_list_array
+from fleetcare.pipeline.wire_columns import LinkColumns, as_list, link_columns
 
 Column = Sequence[Any]
 _SHAPE = SHAPES["samples"]
@@ -61,6 +69,10 @@ class Screened:
     """Indices of the samples that may have a problem; every other sample has none."""
     table: pa.Table | None
     """All samples (``schema.SAMPLE_SCHEMA``, in order); None when a column did not fit."""
+    undecodable: set[int] = dataclass_field(default_factory=set)
+    """Indices of the samples with an NVLink list that is not one (raw bytes that the
+    strict decoder refuses): the record is to be opened again with it; the suspects and
+    the table above do not hold for them."""
 
 
 def _rows(col: Column, bad: Callable[[Any], bool]) -> set[int]:
@@ -107,10 +119,12 @@ class SampleScreen:
         """Screen ``samples`` (``nodes[i]``: the node of the batch sample ``i`` came in)."""
         if not samples:
             return Screened(set(), SAMPLE_SCHEMA.empty_table())
-        cols = dict(zip(_NAMES, zip(*map(msgspec.structs.astuple, samples), strict=True),
-                        strict=True))
+        cols: dict[str, Column] = dict(zip(
+            _NAMES, zip(*map(msgspec.structs.astuple, samples), strict=True), strict=True))
         arrays: dict[str, pa.Array] = {}
         unfit: set[str] = set()
+        undecodable: set[int] = set()
+        links = _links(cols, undecodable)
         out = self._strings(cols, nodes) | self._times(cols["ts"], now)
         for _, name in _SHAPE.ints:
             out |= self._ints(name, cols[name], arrays, unfit)
@@ -118,7 +132,8 @@ class SampleScreen:
             out |= self._floats(name, cols[name], arrays)
         for a, b in _PAIRS:
             out |= self._pair(cols[a], cols[b])
-        out |= self._nvlink(cols, arrays, unfit)
+        out |= (self._nvlink(cols, arrays, unfit) if links is None
+                else self._wire_nvlink(links, arrays))
         table = None
         if not unfit:
             try:
@@ -127,7 +142,7 @@ class SampleScreen:
                      for f in SAMPLE_SCHEMA], schema=SAMPLE_SCHEMA)
             except (pa.ArrowException, OverflowError, TypeError, ValueError):
                 table = None  # the sinks convert the kept samples (and say why it fails)
-        return Screened(out, table)
+        return Screened(out, table, undecodable)
 
     # -- one test per group of columns ------------------------------------------------------
     def _strings(self, cols: Mapping[str, Column], nodes: Sequence[str]) -> set[int]:
@@ -208,6 +223,26 @@ class SampleScreen:
         return {i for i, (a, b) in enumerate(zip(cur, top, strict=True))
                 if a is not None and b is not None and a > b}
 
+    def _wire_nvlink(self, links: LinkColumns, arrays: dict[str, pa.Array]) -> set[int]:
+        """``_nvlink`` on lists read from their bytes (``wire_columns.link_columns``)."""
+        out: set[int] = set()
+        top = self.limits.max_nvlinks
+        lengths = []
+        for name in NVLINK_LISTS:
+            arrays[name] = links.arrays[name]
+            counts = links.counts[name]
+            lengths.append(counts)
+            out.update(np.flatnonzero(counts > top).tolist())  # (NaN > top is False)
+            values = links.values[name]
+            if name != "nvlink_up" and len(values):
+                bad = (values < 0) | (values >= DCGM_INT64_BLANK)
+                if bad.any():
+                    out.update(links.rows(name, bad).tolist())
+        grid_of = np.vstack(lengths)
+        longest, shortest = np.fmax.reduce(grid_of, axis=0), np.fmin.reduce(grid_of, axis=0)
+        out.update(np.flatnonzero(longest > shortest).tolist())
+        return out
+
     def _nvlink(self, cols: Mapping[str, Column], arrays: dict[str, pa.Array],
                 unfit: set[str]) -> set[int]:
         out: set[int] = set()
@@ -244,3 +279,26 @@ class SampleScreen:
         longest, shortest = np.fmax.reduce(grid_of, axis=0), np.fmin.reduce(grid_of, axis=0)
         out.update(np.flatnonzero(longest > shortest).tolist())  # (NaN > NaN is False)
         return out
+
+
+def _links(cols: dict[str, Column], undecodable: set[int]) -> LinkColumns | None:
+    """The NVLink lists read from their bytes when every sample carries them so (None:
+    ``cols`` then holds them as Python lists, decoded here when some came as bytes;
+    ``undecodable`` gets the samples whose bytes are not such a list). Reading some
+    lists slowly converts them all: it is rare (a counter past int64, a wrong type)."""
+    try:
+        got = link_columns(cols)
+    except TypeError:  # some samples came decoded (JSON, a record opened strictly)
+        got = None
+    if isinstance(got, LinkColumns):
+        return got
+    for name in NVLINK_LISTS:
+        col = list(cols[name])
+        for i, value in enumerate(col):
+            try:
+                col[i] = as_list(name, value)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                col[i] = None
+                undecodable.add(i)
+        cols[name] = col
+    return None

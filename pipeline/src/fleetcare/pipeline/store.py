@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from fleetcare.collectors.contract import Batch, GpuSample, Incident, NicSample, XidEvent
 from fleetcare.pipeline import schema
 from fleetcare.pipeline.telemetry import RawTelemetry, TableTelemetry
+from fleetcare.pipeline.wire_columns import as_sample
 
 log = logging.getLogger(__name__)
 
@@ -149,15 +150,16 @@ def flatten_batches(
     return samples, events, incidents
 
 
-def sample_rows(samples: Sequence[GpuSample], table: pa.Table | None) -> pa.Table:
+def sample_rows(samples: Sequence[Any], table: pa.Table | None) -> pa.Table:
     """``samples`` as Arrow: ``table`` when it is them already (validation converts a
-    poll's samples once, ``ValidationResult.sample_table``), else converted here."""
+    poll's samples once, ``ValidationResult.sample_table``), else converted here
+    (``GpuSample`` or ``wire_columns.WireSample``)."""
     if table is not None:
         if table.num_rows == len(samples) and table.schema == schema.SAMPLE_SCHEMA:
             return table
         log.error("store.sample_table_mismatch rows=%d samples=%d: converting the samples "
                   "again (a bug: report it)", table.num_rows, len(samples))
-    return records_to_arrow(samples, schema.SAMPLE_SCHEMA)
+    return records_to_arrow(map(as_sample, samples), schema.SAMPLE_SCHEMA)
 
 
 def flatten_nics(batches: Iterable[Batch]) -> list[NicSample]:

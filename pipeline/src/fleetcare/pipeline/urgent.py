@@ -25,6 +25,7 @@ from collections.abc import Iterable
 
 from fleetcare.collectors.contract import Batch, GpuSample
 from fleetcare.collectors.xid import DEFAULT_CATALOG, XidCatalog
+from fleetcare.pipeline.wire_columns import as_list
 
 _UE_FIELDS = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate",
               "remapped_rows_uncorrectable", "retired_pages_dbe")
@@ -50,7 +51,8 @@ class UrgentSignals:
         """The last reason each node was named (for logs)."""
 
     def observe(self, batches: Iterable[Batch]) -> set[str]:
-        """The nodes whose batches hold something urgent (module doc)."""
+        """The nodes whose batches hold something urgent (module doc). ``batches``: as
+        ingest decoded them (``Batch``, or ``wire_columns.WireBatch`` from msgpack)."""
         urgent: set[str] = set()
 
         def name(node: str, why: str) -> None:
@@ -86,8 +88,9 @@ class UrgentSignals:
         if failed and self._remap_failed.get(s.gpu_uuid) is False:
             why = why or f"row remapping failed on GPU {s.gpu_index}"
         self._remap_failed[s.gpu_uuid] = failed
-        if s.nvlink_up is not None:
-            up = tuple(bool(x) for x in s.nvlink_up)
+        links = as_list("nvlink_up", s.nvlink_up)  # (a WireSample's are bytes)
+        if links is not None:
+            up = tuple(bool(x) for x in links)
             prev = self._links.get(s.gpu_uuid)
             if prev is not None and len(prev) == len(up):
                 down = [i for i, (a, b) in enumerate(zip(prev, up, strict=True)) if a and not b]

@@ -58,6 +58,7 @@ import msgspec
 import pyarrow as pa
 
 from fleetcare.collectors.contract import (
+    SCHEMA_VERSION,
     TOO_DEEP,
     Batch,
     DecodeError,
@@ -73,6 +74,7 @@ from fleetcare.collectors.transport import READ_ERRORS, Record
 from fleetcare.pipeline.limits import KNOWN_CAUSES, OPERATOR_CAUSES, Limits
 from fleetcare.pipeline.record_checks import Problem, RecordChecks, clip, short
 from fleetcare.pipeline.sample_screen import SampleScreen
+from fleetcare.pipeline.wire_columns import WIRE_BATCH, as_sample, full_batch
 
 __all__ = ["CODES", "KNOWN_CAUSES", "OPERATOR_CAUSES", "Kept", "Limits", "RecordValidator",
            "Rejection", "ValidationResult", "Validator"]
@@ -149,13 +151,28 @@ class Rejection:
     raw: bytes
 
 
-@dataclass(frozen=True, slots=True)
 class Kept:
-    """A batch to insert (its bad records removed), with where its message came from."""
+    """A batch to insert (its bad records removed), with where its message came from.
+    ``decoded``: the batch as decoded, a ``Batch`` or a ``wire_columns.WireBatch``
+    (msgpack: the NVLink lists still bytes); ``batch``: the contract's ``Batch`` of it,
+    decoded on first use."""
 
-    batch: Batch
-    source: str
-    raw: bytes
+    __slots__ = ("_batch", "decoded", "raw", "source")
+
+    def __init__(self, decoded: Any, source: str, raw: bytes) -> None:
+        self.decoded = decoded
+        self.source = source
+        self.raw = raw
+        self._batch: Batch | None = None
+
+    @property
+    def batch(self) -> Batch:
+        if self._batch is None:
+            self._batch = full_batch(self.decoded)
+        return self._batch
+
+    def __repr__(self) -> str:
+        return f"Kept({self.decoded!r}, {self.source!r}, {self.raw!r})"
 
 
 @dataclass(slots=True)
@@ -169,7 +186,14 @@ class ValidationResult:
 
     @property
     def batches(self) -> list[Batch]:
+        """The kept batches as the contract's ``Batch`` (NVLink lists decoded)."""
         return [k.batch for k in self.kept]
+
+    @property
+    def landing(self) -> list[Any]:
+        """The kept batches as they were decoded, for a sink given ``sample_table`` (it
+        reads their events, incidents and NIC samples, and counts their samples)."""
+        return [k.decoded for k in self.kept]
 
     @property
     def codes(self) -> Counter[str]:
@@ -309,6 +333,16 @@ class _Slices:
         return bytes(records[index]) if index < len(records) else self.raw
 
 
+def _wire(raw: bytes) -> Any:
+    """``raw`` decoded as a ``WireBatch`` of a version this pipeline reads, else None
+    (the strict decoder then decides and explains)."""
+    try:
+        batch = WIRE_BATCH.decode(raw)
+    except _DECODE_ERRORS:
+        return None
+    return batch if 1 <= batch.schema_version <= SCHEMA_VERSION else None
+
+
 def _landed(batch: Batch, kept: Batch | None) -> list[bool]:
     """For each sample of ``batch``: whether ``kept`` (the batch less its bad records, as
     ``check_batch`` returns it: the same sample objects, in order) still holds it."""
@@ -322,9 +356,10 @@ def _landed(batch: Batch, kept: Batch | None) -> list[bool]:
 
 @dataclass(frozen=True, slots=True, eq=False)
 class _Opened:
-    """A decoded batch whose envelope passed, waiting for its records' checks."""
+    """A decoded batch whose envelope passed, waiting for its records' checks (a
+    ``Batch`` or a ``wire_columns.WireBatch``)."""
 
-    batch: Batch
+    batch: Any
     source: str
     slices: _Slices
 
@@ -359,7 +394,19 @@ class Validator:
             except Exception as exc:
                 log.exception("ingest.validation_failed source=%s", source_of(rec))
                 opened.append((rec, ValidationResult(rejections=[unexpected(rec, exc)]), None))
-        suspects, table = self._screen([o for _, _, o in opened if o is not None], now)
+        suspects, table, undecodable = self._screen(
+            [o for _, _, o in opened if o is not None], now)
+        if undecodable:  # a list the strict decoder refuses: it says why, for its record
+            for j, (rec, _, o) in enumerate(opened):
+                if o is not None and id(o) in undecodable:
+                    one = ValidationResult()
+                    try:
+                        opened[j] = (rec, one, self._open(rec, one, strict=True))
+                    except Exception as exc:
+                        log.exception("ingest.validation_failed source=%s", o.source)
+                        opened[j] = (rec, ValidationResult(rejections=[unexpected(rec, exc)]),
+                                     None)
+            suspects, table, _ = self._screen([o for _, _, o in opened if o is not None], now)
         result = ValidationResult()
         keep: list[bool] = []  # per screened sample: landed (its row of ``table`` kept)
         for rec, one, o in opened:
@@ -373,7 +420,7 @@ class Validator:
                 except Exception as exc:
                     log.exception("ingest.validation_failed source=%s", o.source)
                     one = ValidationResult(rejections=[unexpected(rec, exc)])
-                keep += _landed(o.batch, one.kept[0].batch if one.kept else None)
+                keep += _landed(o.batch, one.kept[0].decoded if one.kept else None)
             result.extend(one)
         if table is not None and table.num_rows == len(keep):
             result.sample_table = table if all(keep) else table.filter(pa.array(keep))
@@ -384,17 +431,21 @@ class Validator:
         raises (what nobody foresaw becomes an ``unexpected_error`` rejection)."""
         result.extend(self.validate([rec]))
 
-    def _open(self, rec: Record, result: ValidationResult) -> _Opened | None:
+    def _open(self, rec: Record, result: ValidationResult, *,
+              strict: bool = False) -> _Opened | None:
         """Decode ``rec`` and check its envelope: the batch whose records are to be
-        checked, or None when the whole record was rejected (appended to ``result``)."""
+        checked, or None when the whole record was rejected (appended to ``result``).
+        msgpack is decoded with the NVLink lists left as bytes (``WIRE_BATCH``) unless
+        ``strict``; anything that decoder refuses is decoded strictly, which says why."""
         raw, source = rec.value, source_of(rec)
         if rec.error_code is not None:
             result.rejections.append(Rejection(rec.error_code, rec.error, source, raw))
             return None
         undecoded: list[Rejection] = []
         slices: _Slices | None = None
+        wire = None if strict or _fmt(raw) != "msgpack" else _wire(raw)
         try:
-            batch = decode_batch(raw)
+            batch = wire if wire is not None else decode_batch(raw)
         except SchemaVersionError as exc:
             result.rejections.append(Rejection("schema_version_unsupported", exc.reason,
                                                source, raw))
@@ -413,20 +464,22 @@ class Validator:
         return _Opened(batch, source, slices or _Slices(raw))
 
     def _screen(self, opened: list[_Opened], now: float
-                ) -> tuple[dict[int, set[int]], pa.Table | None]:
+                ) -> tuple[dict[int, set[int]], pa.Table | None, set[int]]:
         """The suspect samples of each opened batch (keyed by ``id``), screened in one
-        pass, and the table of all their samples (None: the sinks convert them). A batch
-        missing from the answer has every sample checked: if the screen raises (nobody
-        foresaw it), that costs time, never a check."""
+        pass, the table of all their samples (None: the sinks convert them), and the
+        batches (``id``) with an NVLink list the strict decoder refuses. A batch missing
+        from the answer has every sample checked: if the screen raises (nobody foresaw
+        it), that costs time, never a check."""
         samples = [s for o in opened for s in o.batch.samples]
         nodes = [o.batch.node for o in opened for _ in o.batch.samples]
         try:
             screened = self.screen.screen(samples, nodes, now)
         except Exception:
             log.exception("ingest.screen_failed samples=%d: checking each one", len(samples))
-            return {}, None
+            return {}, None, set()
         flagged = sorted(screened.suspects)
         out: dict[int, set[int]] = {}
+        undecodable: set[int] = set()
         start = k = 0
         for o in opened:
             end = start + len(o.batch.samples)
@@ -434,8 +487,10 @@ class Validator:
             while k < len(flagged) and flagged[k] < end:
                 mine.add(flagged[k] - start)
                 k += 1
+            if any(start <= i < end for i in screened.undecodable):
+                undecodable.add(id(o))
             start = end
-        return out, screened.table
+        return out, screened.table, undecodable
 
     def _check_envelope(self, batch: Batch | _LooseBatch, key: str,
                         undecoded: Sequence[Rejection]) -> Problem | None:
@@ -476,7 +531,7 @@ class Validator:
             if section == "samples" and suspects is not None:
                 indexes = sorted(suspects)
             for i in indexes:
-                rec = records[i]
+                rec = records[i] if section != "samples" else as_sample(records[i])
                 problems = self.checks.check(section, rec, batch.node, now)
                 if problems:
                     bad.setdefault(section, set()).add(i)
