@@ -111,8 +111,9 @@ def run_case(role: str, workers: int, args: argparse.Namespace, prefix: str, tmp
     samples = sum(r["samples"] for r in results)
     if samples != expect_samples:
         raise SystemExit(f"{role} x{workers}: {samples} samples, expected {expect_samples}")
-    first = min(r["first"] for r in results)
-    last = max(r["last"] for r in results)
+    busy = [r for r in results if r["first"] is not None]  # a worker may get no partition
+    first = min(r["first"] for r in busy)
+    last = max(r["last"] for r in busy)
     return {"samples": samples, "records": sum(r["records"] for r in results),
             "seconds": round(last - first, 3), "samples_per_s": round(samples / (last - first)),
             "join_s": round(first - min(r["started"] for r in results), 2), "out": str(out)}

@@ -343,6 +343,13 @@ def _wire(raw: bytes) -> Any:
     return batch if 1 <= batch.schema_version <= SCHEMA_VERSION else None
 
 
+def _clean(batch: Any, suspects: set[int] | None, opened: ValidationResult) -> bool:
+    """Whether ``check_batch`` would keep ``batch`` whole without a look: only samples,
+    none of them a suspect of the screen, and nothing rejected while it was opened."""
+    return (suspects is not None and not suspects and bool(batch.samples)
+            and not (batch.events or batch.incidents or batch.nics or opened.rejections))
+
+
 def _landed(batch: Batch, kept: Batch | None) -> list[bool]:
     """For each sample of ``batch``: whether ``kept`` (the batch less its bad records, as
     ``check_batch`` returns it: the same sample objects, in order) still holds it."""
@@ -410,6 +417,10 @@ class Validator:
         result = ValidationResult()
         keep: list[bool] = []  # per screened sample: landed (its row of ``table`` kept)
         for rec, one, o in opened:
+            if o is not None and _clean(o.batch, suspects.get(id(o)), one):
+                result.kept.append(Kept(o.batch, o.source, rec.value))  # nothing to check
+                keep += [True] * len(o.batch.samples)
+                continue
             if o is not None:
                 try:
                     kept = self.check_batch(o.batch, source=o.source, raw=rec.value,
@@ -487,7 +498,7 @@ class Validator:
             while k < len(flagged) and flagged[k] < end:
                 mine.add(flagged[k] - start)
                 k += 1
-            if any(start <= i < end for i in screened.undecodable):
+            if screened.undecodable and any(start <= i < end for i in screened.undecodable):
                 undecodable.add(id(o))
             start = end
         return out, screened.table, undecodable
