@@ -189,6 +189,30 @@ def test_a_head_fitted_on_sampled_negatives_keeps_the_base_rate(nic_fleet: Store
         network_head.fit(periods, horizon_h=72, seed=0, negatives=0.0)
 
 
+def test_a_fleet_simulated_at_raised_rates_teaches_without_raising_the_base_rate(
+        nic_fleet: Store) -> None:
+    """A period weighing its failure rows ``1 / k`` (a fleet simulated with every rate
+    x k, as the fleet prior's extra network fleet is) calibrates to the base rate those
+    weights give, not to the raised one."""
+    nic_rollup.refresh(nic_fleet)
+    lo, hi = (t.replace(tzinfo=dt.UTC) for t in nic_fleet.cursor().execute(
+        "SELECT min(ts), max(ts) FROM nic_telemetry").fetchone())
+    lo = lo + 24 * H
+    r = network_head.rows(nic_fleet, lo, hi, horizon_h=72)
+    y = r.y[~r.after]
+    weighted = 0.25 * y.sum() / (0.25 * y.sum() + (~y).sum())
+    head = network_head.fit([network_head.Period(nic_fleet, lo, hi, weight=0.25)],
+                            horizon_h=72, seed=0)
+    assert head is not None
+    p = head.predict_proba(r.X[~r.after])[:, 1]
+    # isotonic calibration keeps the weighted mean: the failure rows weigh a quarter
+    assert np.average(p, weights=np.where(y, 0.25, 1.0)) == pytest.approx(weighted, rel=0.5)
+    assert p.mean() < 0.6 * y.mean()  # unweighted, it would sit at y.mean()
+    with pytest.raises(ValueError, match="weight"):
+        network_head.fit([network_head.Period(nic_fleet, lo, hi, weight=0.0)],
+                         horizon_h=72, seed=0)
+
+
 def test_out_of_fold_calibration_purges_rows_that_share_a_failure_with_the_held_out_block(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A row's label looks ``horizon_h`` ahead, so the rows just before a held-out block of

@@ -66,6 +66,11 @@ class Period:
     start: dt.datetime
     end: dt.datetime
     shard: str = ""
+    weight: float = 1.0
+    """What each of its rows with a network failure ahead weighs in the fit and the
+    calibration: ``1 / k`` for a fleet simulated with every failure rate x k, so it
+    teaches the head precursors that are rare at published rates without raising the
+    base rate the head calibrates to."""
 
 
 @dataclass
@@ -156,24 +161,30 @@ def fit(periods: Sequence[Period], *, horizon_h: float, seed: int, negatives: fl
     (every row calibrates once, by a booster that did not see it). ``negatives`` < 1 keeps
     that share of the rows that no network failure follows (drawn with ``seed``), each
     weighing ``1 / negatives`` in the fit and the calibration, so probabilities keep the
-    base rate (what the fleet prior's many node-days need)."""
+    base rate (what the fleet prior's many node-days need); a period's rows with a
+    failure ahead weigh its ``weight``."""
     if not 0 < negatives <= 1:
         raise ValueError(f"negatives={negatives} must be in (0, 1]: the share of rows "
                          "without a network failure ahead that the head fits on")
-    parts = []
+    parts, positive = [], []
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
     for p in periods:
+        if not p.weight > 0:
+            raise ValueError(f"period {p.shard or p.store}: weight {p.weight} must be > 0")
         r = rows(p.store, p.start, p.end, horizon_h=horizon_h, shard=p.shard)
         known = r.ts + H <= _np(p.end)  # labels from the test period stay unseen
         parts.append(_subset(r, ~r.after & known))
+        positive.append(np.full(len(parts[-1].y), p.weight))
     every = _cat(parts)
     if len(every.y) == 0 or network_failures(every) < MIN_FAILURES or every.y.all():
         return None
-    weight = None
+    pw = np.concatenate(positive)
+    negative = 1.0
     if negatives < 1:
         keep = every.y | (np.random.default_rng(seed).random(len(every.y)) < negatives)
-        weight = np.where(every.y, 1.0, 1.0 / negatives)[keep]
-        every = _subset(every, keep)
+        every, pw, negative = _subset(every, keep), pw[keep], 1.0 / negatives
+    weight = (np.where(every.y, pw, negative)
+              if negatives < 1 or (pw[every.y] != 1.0).any() else None)
     return fit_matrix(every.X, every.y, every.ts, list(nic_features.FEATURE_NAMES),
                       horizon_h=horizon_h, seed=seed, weight=weight)
 

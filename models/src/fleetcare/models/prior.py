@@ -255,7 +255,8 @@ def fit_network_head(workdir: str | Path, fleets: Sequence[SimFleet] = NETWORK_T
 
     stores = [open_network_fleet(workdir, f, say=say) for f in fleets]
     try:
-        periods = [network_head.Period(st, *_network_span(f), f"{f.name}/")
+        periods = [network_head.Period(st, *_network_span(f), f"{f.name}/",
+                                       weight=1.0 / f.failure_scale)
                    for f, st in zip(fleets, stores, strict=True)]
         if say is not None:
             say(f"fitting the network head on {len(fleets)} fleets")
