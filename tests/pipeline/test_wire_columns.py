@@ -97,6 +97,12 @@ def test_each_width_is_read_exactly_also_where_the_list_holds_them_all():
     assert got.arrays["nvlink_recovery"].to_pylist() == [[-5] * 18, None]
 
 
+def test_a_poll_without_samples_has_empty_columns():
+    got = link_columns({name: () for name in NVLINK_LISTS})
+    assert isinstance(got, LinkColumns)
+    assert all(len(a) == 0 for a in got.arrays.values())
+
+
 def test_a_counter_past_int64_is_slow_and_decodes_strictly():
     samples = [sample(0, nvlink_crc_flit=[1] * 4), sample(1, nvlink_crc_flit=[2**64 - 1, 0])]
     got = link_columns(columns(wire(samples)))
@@ -105,10 +111,10 @@ def test_a_counter_past_int64_is_slow_and_decodes_strictly():
         2**64 - 1, 0]
 
 
-def raw_batch(crc: Any) -> bytes:
-    """A msgpack batch of two samples, the second with ``crc`` as nvlink_crc_flit."""
+def raw_batch(crc: Any, field: str = "nvlink_crc_flit") -> bytes:
+    """A msgpack batch of two samples, the second with ``crc`` as ``field``."""
     good = msgspec.to_builtins(sample(0, nvlink_crc_flit=[0, 1]))
-    bad = {**msgspec.to_builtins(sample(1)), "nvlink_crc_flit": crc}
+    bad = {**msgspec.to_builtins(sample(1)), field: crc}
     return msgspec.msgpack.encode({"schema_version": 1, "node": NODE, "seq": 3,
                                    "sent_at": NOW, "samples": [good, bad]})
 
@@ -123,6 +129,11 @@ def test_a_list_of_the_wrong_type_is_named_slow_and_as_list_says_why():
             assert "Expected" in str(exc), crc
         else:
             raise AssertionError(f"{crc!r} decoded as a counter list")
+    # a wide integer sends every list down the item-by-item path; a bad item in the last
+    # list of the buffer must not be read past
+    for crc in ([300, 1.5, 0, 0, 0], [70_000, "abc", 1, 2], [2**40, None, 3]):
+        decoded = WIRE_BATCH.decode(raw_batch(crc, "nvlink_recovery")).samples
+        assert link_columns(columns(decoded)) == {1}, crc
     up = {**msgspec.to_builtins(sample(1)), "nvlink_up": [1, 0]}  # integers: not booleans
     raw = msgspec.msgpack.encode({"schema_version": 1, "node": NODE, "seq": 3,
                                   "sent_at": NOW, "samples": [up]})

@@ -143,7 +143,7 @@ def link_columns(cols: dict[str, Sequence[Any]]) -> LinkColumns | set[int]:
         lo, hi = j * n, (j + 1) * n
         c, nul = count[lo:hi], null[lo:hi]
         first = int(ends[lo - 1]) if lo else 0
-        flat = values[first:int(ends[hi - 1])]
+        flat = values[first:int(ends[hi - 1]) if hi else 0]
         offsets = np.zeros(n + 1, dtype=np.int32)
         np.cumsum(c, out=offsets[1:])
         boolean = name == "nvlink_up"
@@ -217,7 +217,7 @@ def _items(buf: np.ndarray, pos: np.ndarray, count: np.ndarray, slow: np.ndarray
     isbool = np.zeros(total, dtype=bool)
     pos = pos.copy()
     for k in range(int(count.max()) if len(count) else 0):
-        rows = np.flatnonzero(count > k)
+        rows = np.flatnonzero((count > k) & ~slow)  # (past a bad item a list is unread)
         at = pos[rows]
         val, size, boolean = _read(buf, at)
         slow[rows[size == 0]] = True
