@@ -13,11 +13,11 @@ be a suspect too, which costs only its check. A column Arrow cannot hold (an int
 past int64: NVML's 2**64-1) is screened row by row and no table is returned; the sinks
 then convert the kept samples themselves.
 
-Samples decoded from msgpack with their NVLink lists as bytes (``wire_columns.
-WireSample``) have those lists read into columns by ``wire_columns.link_columns``, and
-tested on the numbers it read; a list that is not a list of integers (booleans for
-``nvlink_up``) is named in ``Screened.undecodable`` so the validator opens that record
-with the strict decoder (which says why).
+The NVLink lists are read into columns by ``wire_columns.link_columns`` (from their
+msgpack bytes: a ``wire_columns.WireSample``'s as they came, a decoded list encoded
+again) and tested on the numbers it read; a list that is not a list of integers
+(booleans for ``nvlink_up``) is named in ``Screened.undecodable`` so the validator opens
+that record with the strict decoder (which says why).
 
 Each test mirrors a check of ``record_checks`` (the field groups come from its
 ``SHAPES``, so a field added to the contract is screened like it is checked):
@@ -282,14 +282,11 @@ class SampleScreen:
 
 
 def _links(cols: dict[str, Column], undecodable: set[int]) -> LinkColumns | None:
-    """The NVLink lists read from their bytes when every sample carries them so (None:
-    ``cols`` then holds them as Python lists, decoded here when some came as bytes;
-    ``undecodable`` gets the samples whose bytes are not such a list). Reading some
-    lists slowly converts them all: it is rare (a counter past int64, a wrong type)."""
-    try:
-        got = link_columns(cols)
-    except TypeError:  # some samples came decoded (JSON, a record opened strictly)
-        got = None
+    """The NVLink lists read from their bytes (``link_columns``); None when some list
+    cannot be read so: ``cols`` then holds them all as Python lists, decoded here, and
+    ``undecodable`` gets the samples whose bytes are not such a list. Rare: a counter past
+    int64, an item of the wrong type."""
+    got = link_columns(cols)
     if isinstance(got, LinkColumns):
         return got
     for name in NVLINK_LISTS:

@@ -65,6 +65,7 @@ _LIST_TYPES = {name: (list[bool] if name == "nvlink_up" else list[int]) | None
 _LIST_DECODERS = {name: msgspec.msgpack.Decoder(t) for name, t in _LIST_TYPES.items()}
 _NAMES = tuple(GpuSample.__struct_fields__)
 _NIL = b"\xc0"
+_ENCODE = msgspec.msgpack.Encoder().encode
 
 
 def as_list(name: str, value: Any) -> list[Any] | None:
@@ -113,17 +114,23 @@ class LinkColumns:
 
 
 def link_columns(cols: dict[str, Sequence[Any]]) -> LinkColumns | set[int]:
-    """The five NVLink columns of a poll (``cols[name][i]``: sample ``i``'s raw bytes or
-    None) read at once; or, when some list cannot be read that way, the samples whose
-    lists are slow (see the module docstring). Raises ``TypeError`` when a value is
-    neither (a list decoded already)."""
+    """The five NVLink columns of a poll (``cols[name][i]``: sample ``i``'s raw bytes,
+    its list, or None) read at once; or, when some list cannot be read that way, the samples whose
+    lists are slow (see the module docstring). A list decoded already (a record opened
+    strictly, JSON) is encoded again first: a few such records must not send the whole
+    poll down the slow path."""
     n = len(cols[NVLINK_LISTS[0]])
     vals: tuple[Any, ...] = ()
     for name in NVLINK_LISTS:
         vals += tuple(cols[name])
     if None in vals:
         vals = tuple(_NIL if v is None else v for v in vals)
-    buf = np.frombuffer(b"".join(vals), dtype=np.uint8)
+    try:
+        joined = b"".join(vals)
+    except TypeError:  # some came decoded (JSON, a record opened strictly): bytes again
+        vals = tuple(v if isinstance(v, msgspec.Raw | bytes) else _ENCODE(v) for v in vals)
+        joined = b"".join(vals)
+    buf = np.frombuffer(joined, dtype=np.uint8)
     lens = np.fromiter(map(len, vals), dtype=np.int64, count=len(vals))
     starts = np.cumsum(lens) - lens
     count, hlen, null, slow = _headers(buf, starts)
