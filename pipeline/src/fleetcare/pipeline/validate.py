@@ -28,8 +28,11 @@ Policy:
   reason lists every problem. Values in reasons are shortened (``record_checks.short``).
 
 Cost is linear in the message: a message is decoded once when it is good, and at most
-three times plus once per record when it is not (the record slices are decoded once per
-message, however many records are bad).
+four times plus once per record when it is not (the record slices are decoded once per
+message, however many records are bad). msgpack is decoded first with the samples' NVLink
+lists left as bytes (``wire_columns``: the screen reads them into columns with numpy);
+anything that decoder refuses, and a list that is not one, is decoded strictly, which
+gives the reasons below.
 
 Stable reason codes (``CODES``; used as the quarantine ``code`` column and as metric
 labels): see the table below. Ranges live in ``Limits`` (``fleetcare.pipeline.limits``);
