@@ -9,8 +9,10 @@ The stream is simulated (the agent's sim backend, 8 GPUs per node, one batch per
 per tick) and produced once to a fresh topic prefix (6 partitions per topic). Every case
 is its own process and its own consumer group, so each reads the whole stream. Rates are
 samples from the first record received to the last one made durable and committed
-(joining the group is excluded; it is reported as ``join_s``). One run each: the machine
-is shared, so read the ratios, not the third digit.
+(joining the group is excluded; it is reported as ``join_s``). Every case runs
+``--repeat`` rounds (default 3); each ratio is taken within a round and the median of the
+rounds is reported, with each round's figure: the machine is shared, so read the ratios,
+not the third digit.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -179,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ticks", type=int, default=60, help="ticks per node")
     ap.add_argument("--interval", type=float, default=60.0, help="seconds between ticks")
     ap.add_argument("--bus", default="kafka://127.0.0.1:9092")
+    ap.add_argument("--repeat", type=int, default=3, help="rounds of every case over the same "
+                    "stream; rates and ratios are reported as the median of the rounds "
+                    "(default 3: the machine is shared and one round is noisy)")
     ap.add_argument("--worker", choices=ROLES, help=argparse.SUPPRESS)
     ap.add_argument("--prefix", help=argparse.SUPPRESS)
     ap.add_argument("--group", help=argparse.SUPPRESS)
@@ -194,25 +200,42 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     batches, samples = produce(args, prefix)
     produce_s = time.perf_counter() - t0
+    keys = (("consume", 1), ("duckdb", 1), ("lake", 1), ("lake", 2))
+    rounds: list[dict[tuple[str, int], dict[str, Any]]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        cases = {(role, n): run_case(role, n, args, prefix, Path(tmp), samples)
-                 for role, n in (("consume", 1), ("duckdb", 1), ("lake", 1), ("lake", 2))}
-        read = lake_read(Path(cases[("lake", 1)]["out"]) / "lake", Path(tmp) / "state.duckdb",
-                         samples)
-    for c in cases.values():
+        for r in range(args.repeat):  # each round reads the whole stream in every case
+            rounds.append({k: run_case(k[0], k[1], args, prefix, Path(tmp) / f"r{r}", samples)
+                           for k in keys})
+        read = lake_read(Path(rounds[-1][("lake", 1)]["out"]) / "lake",
+                         Path(tmp) / "state.duckdb", samples)
+    for c in (c for rnd in rounds for c in rnd.values()):
         c.pop("out")
-    base = cases[("consume", 1)]["samples_per_s"]
+    for rnd in rounds:  # the ratios of one round: its cases ran minutes apart, not more
+        base = rnd[("consume", 1)]["samples_per_s"]
+        for role in ("duckdb", "lake"):
+            rnd[(role, 1)]["ratio_to_consume"] = rnd[(role, 1)]["samples_per_s"] / base
+        rnd[("lake", 2)]["speedup_vs_one"] = (rnd[("lake", 2)]["samples_per_s"]
+                                              / rnd[("lake", 1)]["samples_per_s"])
+
+    def case(key: tuple[str, int], ratio: str | None = None) -> dict[str, Any]:
+        """The last round's figures, with the median (and each round's) of the rate and
+        ``ratio`` over the rounds."""
+        out = dict(rounds[-1][key])
+        for name in ("samples_per_s", *((ratio,) if ratio else ())):
+            runs = [rnd[key][name] for rnd in rounds]
+            out[name] = round(statistics.median(runs), 3 if name != "samples_per_s" else None)
+            if len(runs) > 1:
+                out[f"{name}_runs"] = [round(v, 3) for v in runs]
+        return out
+
     common = {"nodes": args.nodes, "gpus": args.nodes * 8, "batches": batches,
-              "samples": samples, "partitions_per_topic": 6, "produce_s": round(produce_s, 1)}
-    report("ingest_kafka_consume_only", {**common, **cases[("consume", 1)]})
+              "samples": samples, "partitions_per_topic": 6, "produce_s": round(produce_s, 1),
+              "rounds": args.repeat}
+    report("ingest_kafka_consume_only", {**common, **case(("consume", 1))})
     for role in ("duckdb", "lake"):
-        c = cases[(role, 1)]
-        report(f"ingest_kafka_{role}", {**common, **c,
-                                        "ratio_to_consume": round(c["samples_per_s"] / base, 3)})
-    one, two = cases[("lake", 1)], cases[("lake", 2)]
-    report("ingest_kafka_lake_two_workers", {**common, **two,
-                                             "speedup_vs_one": round(
-                                                 two["samples_per_s"] / one["samples_per_s"], 3)})
+        report(f"ingest_kafka_{role}", {**common, **case((role, 1), "ratio_to_consume")})
+    one = case(("lake", 1))
+    report("ingest_kafka_lake_two_workers", {**common, **case(("lake", 2), "speedup_vs_one")})
     report("serve_lake_incremental_read", {**common, **read,
                                            "ratio_to_one_lake_worker": round(
                                                read["samples_per_s"] / one["samples_per_s"], 3)})
