@@ -138,10 +138,8 @@ class Ingestor:
         if not checked.kept:
             return 0, 0, 0
         try:
-            if checked.sample_table is not None:  # the rows are converted: no need to
-                return self.store.insert_batches(  # decode the batches' NVLink lists
-                    checked.landing, sample_table=checked.sample_table)
-            return self.store.insert_batches(checked.batches)
+            return self.store.insert_batches(checked.landing,
+                                             sample_table=checked.sample_table)
         except DATA_ERRORS as exc:
             log.warning("ingest.insert_refused batches=%d error=%s: inserting them one by one",
                         len(checked.kept), clip(str(exc)))
@@ -149,7 +147,7 @@ class Ingestor:
         landed: list[Kept] = []
         for kept in checked.kept:
             try:
-                counts = self.store.insert_batches([kept.batch])
+                counts = self.store.insert_batches([kept.decoded])
             except DATA_ERRORS as exc:
                 checked.rejections.append(Rejection(
                     "unstorable", f"the store refused this batch's rows "

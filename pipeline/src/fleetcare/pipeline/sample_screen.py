@@ -238,10 +238,7 @@ class SampleScreen:
                 bad = (values < 0) | (values >= DCGM_INT64_BLANK)
                 if bad.any():
                     out.update(links.rows(name, bad).tolist())
-        grid_of = np.vstack(lengths)
-        longest, shortest = np.fmax.reduce(grid_of, axis=0), np.fmin.reduce(grid_of, axis=0)
-        out.update(np.flatnonzero(longest > shortest).tolist())
-        return out
+        return out | _unequal(lengths)
 
     def _nvlink(self, cols: Mapping[str, Column], arrays: dict[str, pa.Array],
                 unfit: set[str]) -> set[int]:
@@ -275,10 +272,15 @@ class SampleScreen:
             if not clean:
                 out |= _rows(col, functools.partial(_bad_links, top=top,
                                                     counters=name != "nvlink_up"))
-        grid_of = np.vstack(lengths)  # lists of one sample of different lengths:
-        longest, shortest = np.fmax.reduce(grid_of, axis=0), np.fmin.reduce(grid_of, axis=0)
-        out.update(np.flatnonzero(longest > shortest).tolist())  # (NaN > NaN is False)
-        return out
+        return out | _unequal(lengths)
+
+
+def _unequal(lengths: list[np.ndarray]) -> set[int]:
+    """The samples whose NVLink lists are of different lengths (``lengths``: per list,
+    each sample's length; NaN: null, which no length differs from)."""
+    grid_of = np.vstack(lengths)
+    longest, shortest = np.fmax.reduce(grid_of, axis=0), np.fmin.reduce(grid_of, axis=0)
+    return set(np.flatnonzero(longest > shortest).tolist())  # (NaN > NaN is False)
 
 
 def _links(cols: dict[str, Column], undecodable: set[int]) -> LinkColumns | None:

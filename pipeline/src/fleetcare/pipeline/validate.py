@@ -194,8 +194,8 @@ class ValidationResult:
 
     @property
     def landing(self) -> list[Any]:
-        """The kept batches as they were decoded, for a sink given ``sample_table`` (it
-        reads their events, incidents and NIC samples, and counts their samples)."""
+        """The kept batches as they were decoded, for the sinks (without ``sample_table``
+        they convert the samples themselves: ``store.sample_rows``)."""
         return [k.decoded for k in self.kept]
 
     @property

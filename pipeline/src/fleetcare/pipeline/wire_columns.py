@@ -20,7 +20,8 @@ opens that record with the strict decoder, so its rejection is exactly what it w
 
 ``as_sample`` / ``full_batch`` give back the contract's ``GpuSample`` / ``Batch`` (the
 lists decoded) for the few places that need Python values: the checks of a suspect
-sample, the ``on_landed`` hook, a sink converting rows itself.
+sample, a sink converting rows itself; ``as_list`` one list (the urgent-signal hook's
+``nvlink_up``).
 """
 
 from __future__ import annotations
@@ -115,10 +116,10 @@ class LinkColumns:
 
 def link_columns(cols: dict[str, Sequence[Any]]) -> LinkColumns | set[int]:
     """The five NVLink columns of a poll (``cols[name][i]``: sample ``i``'s raw bytes,
-    its list, or None) read at once; or, when some list cannot be read that way, the samples whose
-    lists are slow (see the module docstring). A list decoded already (a record opened
-    strictly, JSON) is encoded again first: a few such records must not send the whole
-    poll down the slow path."""
+    its list, or None) read at once; or, when some list cannot be read that way, the
+    samples whose lists are slow (see the module docstring). A list decoded already (a
+    record opened strictly, JSON) is encoded again first: a few such records must not
+    send the whole poll down the slow path."""
     n = len(cols[NVLINK_LISTS[0]])
     vals: tuple[Any, ...] = ()
     for name in NVLINK_LISTS:
@@ -230,7 +231,7 @@ def _items(buf: np.ndarray, pos: np.ndarray, count: np.ndarray, slow: np.ndarray
         slow[rows[size == 0]] = True
         values[first[rows] + k] = val
         isbool[first[rows] + k] = boolean
-        pos[rows] = at + np.maximum(size, 1)
+        pos[rows] = at + size  # (a list with a bad item is slow: not read again)
     return values, isbool, slow
 
 
