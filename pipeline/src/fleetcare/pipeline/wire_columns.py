@@ -135,17 +135,18 @@ def link_columns(cols: dict[str, Sequence[Any]]) -> LinkColumns | set[int]:
     lens = np.fromiter(map(len, vals), dtype=np.int64, count=len(vals))
     starts = np.cumsum(lens) - lens
     count, hlen, null, slow = _headers(buf, starts)
-    if not slow.any() and np.array_equal(lens, hlen + count):  # every item one byte
-        values, isbool, slow = _bytes(buf, starts, hlen, count)
-    else:
-        values, isbool, slow = _items(buf, starts + hlen, count, slow)
     ends = np.cumsum(count)
     split = int(ends[n - 1]) if n else 0  # nvlink_up's items first: booleans, then integers
-    if not isbool[:split].all() or isbool[split:].any():
-        kind = np.repeat(np.arange(len(vals)) < n, count)
-        slow[np.repeat(np.arange(len(vals)), count)[isbool != kind]] = True
-    if slow.any():
-        return {int(i) % n for i in np.flatnonzero(slow)}
+    values = None
+    if not slow.any() and np.array_equal(lens, hlen + count):  # every item one byte
+        values = _bytes(buf, starts, hlen, split)
+    if values is None:
+        values, isbool, slow = _items(buf, starts + hlen, count, slow)
+        if not isbool[:split].all() or isbool[split:].any():
+            kind = np.repeat(np.arange(len(vals)) < n, count)
+            slow[np.repeat(np.arange(len(vals)), count)[isbool != kind]] = True
+        if slow.any():
+            return {int(i) % n for i in np.flatnonzero(slow)}
     out = LinkColumns({}, {}, {})
     for j, name in enumerate(NVLINK_LISTS):
         lo, hi = j * n, (j + 1) * n
@@ -183,20 +184,26 @@ _INTS = ((0xCC, 1, False), (0xCD, 2, False), (0xCE, 4, False), (0xCF, 8, False),
          (0xD0, 1, True), (0xD1, 2, True), (0xD2, 4, True), (0xD3, 8, True))
 
 
-def _bytes(buf: np.ndarray, starts: np.ndarray, hlen: np.ndarray, count: np.ndarray
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``_items`` when every item is one byte (the usual case: counters below 128,
-    booleans): the buffer less the list headers is the items, in order."""
+def _bytes(buf: np.ndarray, starts: np.ndarray, hlen: np.ndarray, split: int
+           ) -> np.ndarray | None:
+    """Every item's value (``nvlink_up``'s, the first ``split``, 0 / 1) when every item is
+    one byte (the usual case: counters below 128, booleans), or None when some is not a
+    boolean where ``nvlink_up``'s are or a fixint where the counters' are (``_items``
+    then says which). The buffer less the list headers is the items, in order; a one-byte
+    integer is its byte read as int8 (fixints 0..127, negative fixints -32..-1)."""
     item = np.ones(len(buf), dtype=bool)
     item[starts] = False
     wide = starts[hlen == 3]
     item[wide + 1] = item[wide + 2] = False
     b = buf[item]
-    slow = np.zeros(len(starts), dtype=bool)
-    ok = _ONE_BYTE[b]
-    if not ok.all():
-        slow[np.repeat(np.arange(len(starts)), count)[~ok]] = True
-    return _VALUE[b], _BOOLEAN[b], slow
+    up, ints = b[:split], b[split:].view(np.int8)
+    if not (((up | 1) == 0xC3).all() and (ints >= -32).all()):  # 0xc2 / 0xc3; 0xe0..0x7f
+        return None
+    values = ints.astype(np.int64) if not split else np.empty(len(b), dtype=np.int64)
+    if split:
+        values[:split] = up == 0xC3
+        values[split:] = ints
+    return values
 
 
 _CODES = np.arange(256)
