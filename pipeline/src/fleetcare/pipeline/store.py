@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 
 from fleetcare.collectors.contract import Batch, GpuSample, Incident, NicSample, XidEvent
 from fleetcare.pipeline import schema
+from fleetcare.pipeline.link_summary import summarise
 from fleetcare.pipeline.telemetry import RawTelemetry, TableTelemetry
 from fleetcare.pipeline.wire_columns import as_sample
 
@@ -99,17 +100,18 @@ def _incoming_stats(c: duckdb.DuckDBPyConnection, key: tuple[str, ...]
 def _insert_incoming(c: duckdb.DuckDBPyConnection, table: str, key: tuple[str, ...],
                      stats: tuple[Any, Any, bool], *,
                      select: Callable[[str], str] | None = None,
-                     against: str | None = None, where: str = "TRUE") -> int:
-    """Insert the registered ``incoming`` rows whose key is not in ``against`` (default
-    ``table``) yet; returns rows added. ``stats``: ``_incoming_stats`` of them;
-    ``select``: the SELECT that makes a relation of incoming rows the table's (default:
-    every column as it is); ``where``: only the rows it holds for are looked up and
-    inserted."""
+                     against: str | None = None, where: str = "TRUE",
+                     source: str = "incoming") -> int:
+    """Insert the registered ``source`` rows (default ``incoming``) whose key is not in
+    ``against`` (default ``table``) yet; returns rows added. ``stats``:
+    ``_incoming_stats`` of them (or of rows they are a part of); ``select``: the SELECT
+    that makes a relation of incoming rows the table's (default: every column as it is);
+    ``where``: only the rows it holds for are looked up and inserted."""
     lo, hi, dups = stats
     cond = " AND ".join(f"t.{k} IS NOT DISTINCT FROM n.{k}" for k in key)
     # DISTINCT ON is costly on wide rows: only pay for it when needed.
     distinct = f"DISTINCT ON ({', '.join(key)})" if dups else ""
-    new = (f"(SELECT {distinct} n.* FROM incoming n WHERE ({where}) "
+    new = (f"(SELECT {distinct} n.* FROM {source} n WHERE ({where}) "
            f"AND NOT EXISTS (SELECT 1 FROM {against or table} t "
            f"WHERE t.ts BETWEEN ? AND ? AND {cond}))")
     rows = select(new) if select is not None else f"SELECT * FROM {new}"
@@ -358,31 +360,31 @@ class Store:
     def insert_samples(self, data: pa.Table) -> int:
         """Land GPU samples (Arrow, ``schema.SAMPLE_SCHEMA``) as stored: the NVLink lists
         summarised in each row, kept whole in ``telemetry_nvlink`` only for a sample with
-        a link down or a counter not zero (``schema.stored_samples_sql``); DuckDB inserts
-        the summary 1.7x faster than the lists while few samples need theirs (README:
-        "How GPU samples are stored"). Returns samples added."""
+        a link down or a counter not zero (``schema.stored_samples_sql``, computed with
+        numpy by ``link_summary.summarise``: DuckDB inserts narrow rows and reads no list;
+        README: "How GPU samples are stored"). Returns samples added."""
+        if not data.num_rows:
+            return 0
+        rows = summarise(data)
         # the mark and the rows land under one lock: a refresh takes the mark
         # (``rollup._take_dirty`` holds the lock too) before both or after both, never
         # between them, which would consume the mark of rows its snapshot lacks
         with self._lock:
-            if not data.num_rows:
-                return 0
             self.mark_dirty(pc.min(data.column("ts")).as_py())
-            lists = ", ".join(schema.NVLINK_LISTS)
             with self.transaction() as cur:
-                cur.register("incoming", data)
+                cur.register("incoming", rows.stored)
+                cur.register("incoming_lists", rows.lists)
                 try:  # one look at the batch serves both inserts
                     stats = _incoming_stats(cur, schema.SAMPLE_KEY)
-                    # the lists of the irregular samples new to telemetry (only those
-                    # are looked up: few are), before the samples themselves land
-                    _insert_incoming(cur, "telemetry_nvlink", schema.SAMPLE_KEY, stats,
-                                     against="telemetry", where=schema.IRREGULAR_SQL,
-                                     select=lambda src: f"SELECT gpu_uuid, ts, {lists} "
-                                                        f"FROM {src}")
-                    return _insert_incoming(cur, "telemetry", schema.SAMPLE_KEY, stats,
-                                            select=schema.stored_samples_sql)
+                    # the lists of the irregular samples new to telemetry, before the
+                    # samples themselves land
+                    if rows.lists.num_rows:
+                        _insert_incoming(cur, "telemetry_nvlink", schema.SAMPLE_KEY, stats,
+                                         against="telemetry", source="incoming_lists")
+                    return _insert_incoming(cur, "telemetry", schema.SAMPLE_KEY, stats)
                 finally:
                     cur.unregister("incoming")
+                    cur.unregister("incoming_lists")
 
     def mark_dirty(self, lo: dt.datetime, *, key: str = DIRTY_SINCE_KEY) -> None:
         """Lower ``key`` (default ``DIRTY_SINCE_KEY``) to ``lo``, the oldest incoming ts.
