@@ -24,7 +24,7 @@ from fleetcare.collectors.contract import (
     decode_batch,
 )
 from fleetcare.collectors.transport import EVENTS_TOPIC, TELEMETRY_TOPIC
-from fleetcare.collectors.transport.kafka import KafkaBus, KafkaConsumerSource
+from fleetcare.collectors.transport.kafka import FETCH_DEFAULTS, KafkaBus, KafkaConsumerSource
 
 pytestmark = pytest.mark.kafka
 
@@ -126,6 +126,24 @@ def test_every_record_exactly_once_in_node_order(bus: KafkaBus, prefix: str) -> 
 
     # committed: the same group reads nothing more
     assert consume_all(prefix, expected=1, timeout_s=8, group=f"{prefix}group") == []
+
+
+def test_the_consumer_fetches_in_large_pieces_unless_told_otherwise(kafka_broker: str,
+                                                                    prefix: str) -> None:
+    """kafka-python's 1 MiB a partition made a backlog read in many round trips; the
+    source asks for ``FETCH_DEFAULTS``, and a setting given wins."""
+    src = KafkaConsumerSource.from_url(kafka_broker, group_id=f"{prefix}g", topic_prefix=prefix)
+    mine = KafkaConsumerSource.from_url(kafka_broker, group_id=f"{prefix}h", topic_prefix=prefix,
+                                        consumer_config={"max_partition_fetch_bytes": 1 << 20})
+    try:
+        config = src._consumer.config
+        assert {k: config[k] for k in FETCH_DEFAULTS} == FETCH_DEFAULTS
+        assert config["max_partition_fetch_bytes"] > 1 << 20
+        assert mine._consumer.config["max_partition_fetch_bytes"] == 1 << 20
+        assert mine._consumer.config["fetch_max_bytes"] == FETCH_DEFAULTS["fetch_max_bytes"]
+    finally:
+        src.close()
+        mine.close()
 
 
 OUTAGE_S = 60  # the issue: "the broker stopped for 60 s mid-stream and restarted"

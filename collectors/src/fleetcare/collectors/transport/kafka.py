@@ -44,6 +44,13 @@ from fleetcare.collectors.transport.spool import DEFAULT_MAX_BYTES, Spool, Spool
 log = logging.getLogger(__name__)
 
 TOPICS = (TELEMETRY_TOPIC, EVENTS_TOPIC)
+FETCH_DEFAULTS = {"max_partition_fetch_bytes": 4 << 20, "fetch_max_bytes": 50 << 20}
+"""What ``KafkaConsumerSource`` asks a fetch for unless told otherwise (kafka-python's
+defaults are 1 MiB a partition): a backlog is read in fewer round trips to the broker.
+Reading 983,040 simulated samples (6 partitions, gzip) took 5.0-6.9 s with the defaults
+and 3.3-3.6 s with these; 16 MiB a partition was no faster (README, issue 15 §4). The
+fetch buffer stays bounded: at most ``fetch_max_bytes`` a response (the broker's own
+``fetch.max.bytes`` default is 55 MiB)."""
 SECURITY_KEYS = frozenset({
     "security_protocol", "ssl_context", "ssl_check_hostname", "ssl_cafile", "ssl_certfile",
     "ssl_keyfile", "ssl_password", "ssl_crlfile", "ssl_ciphers", "sasl_mechanism",
@@ -433,7 +440,7 @@ class KafkaConsumerSource:
             auto_offset_reset=auto_offset_reset,
             client_id="fleetcare-ingest",
             **_check_security(security),
-            **(consumer_config or {}),
+            **{**FETCH_DEFAULTS, **(consumer_config or {})},
         )
         self._positions: dict[Any, int] = {}
 
