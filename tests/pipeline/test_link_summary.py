@@ -101,3 +101,15 @@ def test_no_samples() -> None:
     got = summarise(schema.SAMPLE_SCHEMA.empty_table())
     assert got.stored.num_rows == 0 and got.lists.num_rows == 0
     assert got.stored.column_names == schema.STORED_SAMPLE_COLUMNS
+
+
+def test_a_slice_of_one_chunk_reads_its_own_rows() -> None:
+    """A column of one sliced chunk (offsets not at zero) is read from its slice."""
+    t = table([dict(nvlink_up=[True, False, None], nvlink_crc_flit=[0, 5, None]),
+               dict(nvlink_up=[True] * 4, nvlink_crc_flit=[0] * 4),
+               dict(nvlink_up=None, nvlink_crc_flit=[2**63 - 1, 1]),
+               dict(nvlink_up=[False] * 3, nvlink_crc_flit=[1, 2, 3])])
+    for lo in range(4):
+        for hi in range(lo + 1, 5):
+            part = t.slice(lo, hi - lo)
+            assert by_numpy(part) == by_sql(part), (lo, hi)
