@@ -46,8 +46,8 @@ class _List:
 
     valid: np.ndarray  # bool per sample: the list is not null
     length: np.ndarray  # int64 per sample (0 for a null list)
+    starts: np.ndarray  # int64 per sample: where its entries start in ``values``
     values: np.ndarray  # per entry, samples after one another (nulls filled)
-    known: np.ndarray | None  # bool per entry: not null (None: every entry is)
     counted: np.ndarray  # int64 per sample: entries not null
 
     @classmethod
@@ -55,30 +55,32 @@ class _List:
         arr = column.combine_chunks()
         valid = arr.is_valid().to_numpy(zero_copy_only=False)
         length = pc.list_value_length(arr).fill_null(0).to_numpy().astype(np.int64)
+        starts = np.cumsum(length) - length
         flat = arr.flatten()  # the entries of the lists that are not null, in order
+        counted = length
         if flat.null_count:
             known = flat.is_valid().to_numpy(zero_copy_only=False)
+            counted = _per_sample(np.add, known, length, starts)
             flat = flat.fill_null(fill)
-        else:
-            known = None
-        self = cls(valid, length, flat.to_numpy(zero_copy_only=False), known, length)
-        if known is not None:
-            self = cls(valid, length, self.values, known, self.per_sample(np.add, known))
-        return self
+        return cls(valid, length, starts, flat.to_numpy(zero_copy_only=False), counted)
 
     def per_sample(self, ufunc: np.ufunc, entries: np.ndarray) -> np.ndarray:
         """``ufunc`` reduced over each sample's entries of ``entries`` (an array per
         entry); 0 / False for a sample without entries."""
-        out = np.zeros(len(self.valid), dtype=np.int64 if ufunc is np.add else bool)
-        some = self.length > 0
-        if len(entries):
-            starts = np.cumsum(self.length) - self.length
-            out[some] = ufunc.reduceat(entries.astype(out.dtype, copy=False), starts[some])
-        return out
+        return _per_sample(ufunc, entries, self.length, self.starts)
 
     def sample_of(self, entries: np.ndarray) -> np.ndarray:
         """The sample (index) that each entry index of ``entries`` belongs to."""
-        return np.searchsorted(np.cumsum(self.length), entries, side="right")
+        return np.searchsorted(self.starts + self.length, entries, side="right")
+
+
+def _per_sample(ufunc: np.ufunc, entries: np.ndarray, length: np.ndarray,
+                starts: np.ndarray) -> np.ndarray:
+    out = np.zeros(len(length), dtype=np.int64 if ufunc is np.add else bool)
+    some = length > 0
+    if len(entries):
+        out[some] = ufunc.reduceat(entries.astype(out.dtype, copy=False), starts[some])
+    return out
 
 
 def summarise(data: pa.Table) -> Summarised:
@@ -111,7 +113,7 @@ def summarise(data: pa.Table) -> Summarised:
     at = np.flatnonzero(down)
     if len(at):
         row = up.sample_of(at)
-        position = at - (np.cumsum(up.length) - up.length)[row]
+        position = at - up.starts[row]
         bit = position < MASK_LINKS
         np.bitwise_or.at(mask, row[bit], np.left_shift(1, position[bit]))
     out["nvlink_down_mask"] = pa.array(mask, mask=~up.valid)
@@ -125,9 +127,8 @@ def summarise(data: pa.Table) -> Summarised:
         top = max(-int(values.min()), int(values.max())) if len(values) else 0
         if top * int(li.length.max(initial=0)) > _INT64[1]:  # then add those exactly
             wide = li.per_sample(np.logical_or, np.abs(values.astype(np.float64)) >= 2.0**58)
-            starts = np.cumsum(li.length) - li.length
             for i in np.flatnonzero(wide):
-                exact = sum(int(v) for v in values[starts[i]:starts[i] + li.length[i]])
+                exact = sum(int(v) for v in values[li.starts[i]:li.starts[i] + li.length[i]])
                 null[i] = null[i] or not _INT64[0] <= exact <= _INT64[1]
                 total[i] = exact if not null[i] else 0
         out[f"{name}_total"] = pa.array(total, mask=null)
