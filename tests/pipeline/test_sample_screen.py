@@ -194,3 +194,44 @@ def test_samples_with_their_lists_as_bytes_screen_as_the_decoded_ones(case):
     assert (raw.table is None) == (decoded.table is None)
     if raw.table is not None:
         assert same(raw.table, decoded.table)
+
+
+def as_bytes(samples: list[GpuSample], keep: list[bool]) -> list[Any]:
+    """``samples`` as ingest hands msgpack ones to the screen (``msgspec.Raw`` of each
+    sample's bytes: ``wire_samples`` decodes them into columns), except where ``keep``
+    (those stay objects, as from JSON or a salvaged batch) and where msgspec would refuse
+    the bytes (``gpu_index=None``: ingest opens such a record strictly before it screens)."""
+    out: list[Any] = []
+    for s, k in zip(samples, keep, strict=True):
+        raw = msgspec.Raw(msgspec.msgpack.encode(s))
+        try:
+            msgspec.msgpack.decode(raw, type=GpuSample)
+        except msgspec.ValidationError:
+            k = True
+        out.append(s if k else raw)
+    return out
+
+
+@settings(max_examples=1500, deadline=None, database=None, derandomize=True)
+@given(poll(), st.data())
+def test_samples_as_their_bytes_screen_as_the_decoded_ones(case, data):
+    samples, nodes = case
+    keep = data.draw(st.lists(st.booleans(), min_size=len(samples), max_size=len(samples)))
+    now = NOW.timestamp()
+    decoded = SCREEN.screen(samples, nodes, now)
+    raw = SCREEN.screen(as_bytes(samples, keep), nodes, now)
+    assert raw.suspects == decoded.suspects and not raw.undecodable
+    assert (raw.table is None) == (decoded.table is None)
+    if raw.table is not None:
+        assert same(raw.table, decoded.table)
+
+
+def test_a_sample_whose_bytes_are_not_one_is_undecodable_the_rest_screened():
+    now = NOW.timestamp()
+    good = [msgspec.Raw(msgspec.msgpack.encode(full(i))) for i in range(4)]
+    bad_list = dict(msgspec.structs.asdict(full(4)), nvlink_replay=[[1]] * 18)
+    bad_type = dict(msgspec.structs.asdict(full(5)), gpu_temp_c="hot")
+    odd = [good[0], msgspec.Raw(msgspec.msgpack.encode(bad_list)), good[1],
+           msgspec.Raw(msgspec.msgpack.encode(bad_type)), good[2]]
+    assert SCREEN.screen(odd, [NODE] * 5, now).undecodable == {1, 3}
+    assert SCREEN.screen(good, [NODE] * 4, now).suspects == set()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 
+import pytest
+
 from fleetcare.collectors.contract import (
     SCHEMA_VERSION,
     Batch,
@@ -12,7 +14,7 @@ from fleetcare.collectors.contract import (
     encode_batch,
 )
 from fleetcare.pipeline.urgent import UrgentSignals
-from fleetcare.pipeline.wire_columns import WIRE_BATCH
+from fleetcare.pipeline.wire_columns import RAW_BATCH, WIRE_BATCH
 from tests.collectors.test_contract import sample
 
 T0 = dt.datetime(2026, 5, 1, tzinfo=dt.UTC)
@@ -71,16 +73,22 @@ def test_links_going_down_are_urgent():
     assert "mlx5_0 port 1 left ACTIVE" in u.why["node-00001"]
 
 
-def test_a_link_going_down_is_seen_in_batches_as_ingest_decodes_msgpack():
-    """Ingest hands the hook what it decoded: from msgpack, NVLink lists still bytes."""
+@pytest.mark.parametrize("decoder", [RAW_BATCH, WIRE_BATCH], ids=["samples", "lists"])
+def test_signals_are_seen_in_batches_as_ingest_decodes_msgpack(decoder):
+    """Ingest hands the hook what it decoded: from msgpack, samples still their bytes
+    (``RawBatch``; ``WireBatch``: NVLink lists still bytes)."""
     u = UrgentSignals()
     up = sample(ts=T0, gpu_uuid="GPU-1", nvlink_up=[True] * 4)
     down = sample(ts=T0 + dt.timedelta(minutes=1), gpu_uuid="GPU-1",
                   nvlink_up=[True, True, False, True])
+    ue = sample(ts=T0 + dt.timedelta(minutes=2), gpu_uuid="GPU-1",
+                nvlink_up=[True, True, False, True], ecc_uncorrected_volatile=1)
 
     def wire(b: Batch) -> object:
-        return WIRE_BATCH.decode(encode_batch(b))
+        return decoder.decode(encode_batch(b))
 
     assert u.observe([wire(batch(samples=[up]))]) == set()
     assert u.observe([wire(batch(samples=[down]))]) == {"node-00001"}
     assert "NVLink 2" in u.why["node-00001"]
+    assert u.observe([wire(batch(samples=[ue]))]) == {"node-00001"}
+    assert "new uncorrectable error on GPU" in u.why["node-00001"]

@@ -71,8 +71,8 @@ class Ingestor:
         self.store = store
         self.on_landed = on_landed
         """Called with the batches just landed (before the offsets are committed), as
-        they were decoded: a ``Batch`` or, from msgpack, a ``wire_columns.WireBatch``
-        (its samples' NVLink lists still bytes: ``wire_columns.as_list`` reads one,
+        they were decoded: a ``Batch`` or, from msgpack, a ``wire_columns.RawBatch``
+        (its samples still their msgpack bytes: ``wire_columns.as_sample`` decodes one,
         ``full_batch`` the whole). An error in it is logged, never lost data (the rows
         are already in)."""
         self.consumer = consumer

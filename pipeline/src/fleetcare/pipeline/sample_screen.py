@@ -13,11 +13,15 @@ be a suspect too, which costs only its check. A column Arrow cannot hold (an int
 past int64: NVML's 2**64-1) is screened row by row and no table is returned; the sinks
 then convert the kept samples themselves.
 
-The NVLink lists are read into columns by ``wire_columns.link_columns`` (from their
-msgpack bytes: a ``wire_columns.WireSample``'s as they came, a decoded list encoded
-again) and tested on the numbers it read; a list that is not a list of integers
-(booleans for ``nvlink_up``) is named in ``Screened.undecodable`` so the validator opens
-that record with the strict decoder (which says why).
+Samples that came as msgpack arrive as their bytes (``msgspec.Raw``) and are decoded
+straight into these columns by ``wire_samples.decode`` (no Python object per value); the
+few it leaves to msgspec, and samples that came as objects (JSON, a salvaged batch), are
+converted from their values, and both parts put back in order. The NVLink lists of an
+object are read into columns by ``wire_columns.link_columns`` (from their msgpack bytes:
+a ``wire_columns.WireSample``'s as they came, a decoded list encoded again). A sample
+whose bytes msgspec refuses, or whose NVLink list is not a list of integers (booleans
+for ``nvlink_up``), is named in ``Screened.undecodable`` so the validator opens that
+record with the strict decoder (which says why).
 
 Each test mirrors a check of ``record_checks`` (the field groups come from its
 ``SHAPES``, so a field added to the contract is screened like it is checked):
@@ -36,7 +40,6 @@ from __future__ import annotations
 
 import functools
 import math
-import operator
 from collections.abc import Callable, Mapping, Sequence, Sized
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
@@ -48,11 +51,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleetcare.collectors.contract import DCGM_FP64_BLANK, DCGM_INT64_BLANK, GpuSample
+from fleetcare.pipeline import wire_samples
 from fleetcare.pipeline.limits import Limits
 from fleetcare.pipeline.record_checks import COUNTERS, RANGED, SHAPES, TEXT_FIELDS
 from fleetcare.pipeline.schema import NVLINK_LISTS, SAMPLE_SCHEMA
 from fleetcare.pipeline.store import grid_list_array
-from fleetcare.pipeline.wire_columns import LinkColumns, as_list, link_columns
+from fleetcare.pipeline.wire_columns import WIRE_SAMPLE, LinkColumns, as_list, link_columns
 
 Column = Sequence[Any]
 _SHAPE = SHAPES["samples"]
@@ -114,60 +118,60 @@ class SampleScreen:
         self.limits = limits
         self._bounds = {name: getattr(limits, attr) for name, _, attr, _ in RANGED}
 
-    def screen(self, samples: Sequence[GpuSample], nodes: Sequence[str],
-               now: float) -> Screened:
-        """Screen ``samples`` (``nodes[i]``: the node of the batch sample ``i`` came in)."""
+    def screen(self, samples: Sequence[Any], nodes: Sequence[str], now: float) -> Screened:
+        """Screen ``samples`` (``nodes[i]``: the node of the batch sample ``i`` came in):
+        each a ``msgspec.Raw`` of its msgpack bytes, a ``GpuSample`` or a ``WireSample``."""
         if not samples:
             return Screened(set(), SAMPLE_SCHEMA.empty_table())
-        cols: dict[str, Column] = dict(zip(
-            _NAMES, zip(*map(msgspec.structs.astuple, samples), strict=True), strict=True))
-        arrays: dict[str, pa.Array] = {}
-        unfit: set[str] = set()
-        undecodable: set[int] = set()
-        links = _links(cols, undecodable)
-        out = self._strings(cols, nodes) | self._times(cols["ts"], now)
+        got = _columns(samples)
+        if isinstance(got, set):
+            return Screened(set(), None, got)
+        arrays, cols, links, unfit = got
+        out = self._strings(arrays, nodes) | self._times(arrays["ts"], now)
         for _, name in _SHAPE.ints:
-            out |= self._ints(name, cols[name], arrays, unfit)
+            out |= self._ints(name, arrays.get(name), cols)
         for _, name in _SHAPE.floats:
-            out |= self._floats(name, cols[name], arrays)
+            out |= self._floats(name, arrays[name])
         for a, b in _PAIRS:
-            out |= self._pair(cols[a], cols[b])
-        out |= (self._nvlink(cols, arrays, unfit) if links is None
-                else self._wire_nvlink(links, arrays))
+            out |= self._pair(arrays.get(a), arrays.get(b), cols, a, b)
+        if links is None:  # (only samples that came as objects: ``cols`` holds them)
+            assert cols is not None
+            out |= self._nvlink(cols, arrays, unfit)
+        else:
+            out |= self._wire_nvlink(links, arrays)
         table = None
         if not unfit:
             try:
-                table = pa.Table.from_arrays(
-                    [arrays[f.name] if f.name in arrays else pa.array(cols[f.name], f.type)
-                     for f in SAMPLE_SCHEMA], schema=SAMPLE_SCHEMA)
+                table = pa.Table.from_arrays([arrays[f.name] for f in SAMPLE_SCHEMA],
+                                             schema=SAMPLE_SCHEMA)
             except (pa.ArrowException, OverflowError, TypeError, ValueError):
                 table = None  # the sinks convert the kept samples (and say why it fails)
-        return Screened(out, table, undecodable)
+        return Screened(out, table, undecodable=set())
 
     # -- one test per group of columns ------------------------------------------------------
-    def _strings(self, cols: Mapping[str, Column], nodes: Sequence[str]) -> set[int]:
+    def _strings(self, arrays: Mapping[str, pa.Array], nodes: Sequence[str]) -> set[int]:
         out: set[int] = set()
         for _, name in _SHAPE.strs:
             top = self.limits.max_text_len if name in TEXT_FIELDS else self.limits.max_name_len
-            col = cols[name]
-            if max(map(len, filter(None, col)), default=0) > top:
-                out |= _rows(col, functools.partial(_longer, top=top))
-        if cols["node"] != tuple(nodes):
-            out |= {i for i, (v, n) in enumerate(zip(cols["node"], nodes, strict=True))
-                    if v != n}
-        if not all(map(str.strip, cols["gpu_uuid"])):
-            out |= _rows(cols["gpu_uuid"], lambda v: not v.strip())
+            lengths = pc.utf8_length(arrays[name])
+            if (pc.max(lengths).as_py() or 0) > top:
+                out |= _flagged(pc.greater(lengths, top))
+        differ = pc.not_equal(arrays["node"], pa.array(nodes, pa.string()))
+        if pc.any(differ).as_py():
+            out |= _flagged(differ)
+        uuid = arrays["gpu_uuid"]
+        # of those, exactly as ``RecordChecks`` does: ``str.strip``
+        out |= {i for i in _maybe_blank(uuid) if not uuid[i].as_py().strip()}
         return out
 
-    def _times(self, col: Column, now: float) -> set[int]:
+    def _times(self, ts: pa.Array, now: float) -> set[int]:
+        """Rows too far ahead or behind (within a millisecond of a limit too: the checks
+        decide those on the datetime itself)."""
         lim = self.limits
-
-        def ok(ts: Any) -> bool:
-            age = now - ts.timestamp()
-            return -age <= lim.max_future_s and age <= lim.max_age_s
-        if ok(min(col)) and ok(max(col)):
-            return set()
-        return _rows(col, lambda v: not ok(v))
+        us = ts.cast(pa.int64()).to_numpy(zero_copy_only=False)
+        age = now - us / 1e6
+        bad = (-age > lim.max_future_s - 1e-3) | (age > lim.max_age_s - 1e-3)
+        return set(np.flatnonzero(bad).tolist()) if bad.any() else set()
 
     def _int_ok(self, name: str) -> Callable[[int], bool]:
         """The test of one integer value of field ``name`` (True: no problem)."""
@@ -183,14 +187,13 @@ class SampleScreen:
             return widths is None or v in widths
         return ok
 
-    def _ints(self, name: str, col: Column, arrays: dict[str, pa.Array],
-              unfit: set[str]) -> set[int]:
+    def _ints(self, name: str, arr: pa.Array | None, cols: Mapping[str, Column] | None
+              ) -> set[int]:
+        """``arr`` None: the column did not fit int64 (``cols`` has its Python values)."""
         ok = self._int_ok(name)
-        try:
-            arr = arrays[name] = pa.array(col, type=pa.int64())
-        except (OverflowError, pa.ArrowException):  # past int64: a sentinel, surely
-            unfit.add(name)
-            return _rows(col, lambda v: not ok(v))
+        if arr is None:
+            assert cols is not None
+            return _rows(cols[name], lambda v: not ok(v))
         if arr.null_count == len(arr):
             return set()
         lo, hi = _min_max(arr)
@@ -198,11 +201,10 @@ class SampleScreen:
         if ok(lo) and ok(hi) and (name not in _WIDTHS
                                   or all(map(ok, pc.unique(arr.drop_null()).to_pylist()))):
             return set()
-        return _rows(col, lambda v: not ok(v))
+        return _rows(arr.to_pylist(), lambda v: not ok(v))
 
-    def _floats(self, name: str, col: Column, arrays: dict[str, pa.Array]) -> set[int]:
+    def _floats(self, name: str, arr: pa.Array) -> set[int]:
         bounds = self._bounds.get(name)
-        arr = arrays[name] = pa.array(col, type=pa.float64())
 
         def bad(v: float) -> bool:
             return (not math.isfinite(v) or v >= DCGM_FP64_BLANK
@@ -213,15 +215,17 @@ class SampleScreen:
             lo, hi = _min_max(arr)
             if hi < DCGM_FP64_BLANK and (bounds is None or bounds[0] <= lo and hi <= bounds[1]):
                 return set()
-        return _rows(col, bad)
+        return _rows(arr.to_pylist(), bad)
 
     @staticmethod
-    def _pair(cur: Column, top: Column) -> set[int]:
+    def _pair(cur: pa.Array | None, top: pa.Array | None, cols: Mapping[str, Column] | None,
+              a: str, b: str) -> set[int]:
         """Rows with ``cur > top`` (both present)."""
-        if None not in cur and None not in top and not any(map(operator.gt, cur, top)):
-            return set()
-        return {i for i, (a, b) in enumerate(zip(cur, top, strict=True))
-                if a is not None and b is not None and a > b}
+        if cur is None or top is None:  # past int64: compared in Python
+            assert cols is not None
+            return {i for i, (x, y) in enumerate(zip(cols[a], cols[b], strict=True))
+                    if x is not None and y is not None and x > y}
+        return _flagged(pc.greater(cur, top))
 
     def _wire_nvlink(self, links: LinkColumns, arrays: dict[str, pa.Array]) -> set[int]:
         """``_nvlink`` on lists read from their bytes (``wire_columns.link_columns``)."""
@@ -281,6 +285,95 @@ def _unequal(lengths: list[np.ndarray]) -> set[int]:
     grid_of = np.vstack(lengths)
     longest, shortest = np.fmax.reduce(grid_of, axis=0), np.fmin.reduce(grid_of, axis=0)
     return set(np.flatnonzero(longest > shortest).tolist())  # (NaN > NaN is False)
+
+
+def _flagged(mask: pa.Array) -> set[int]:
+    """The rows where the boolean column ``mask`` is true (null: not)."""
+    values = mask.fill_null(False).to_numpy(zero_copy_only=False)
+    return set(np.flatnonzero(values).tolist())
+
+
+def _maybe_blank(strings: pa.Array) -> set[int]:
+    """The rows of a string column that may be all whitespace: empty, or starting with a
+    character up to space (every ASCII whitespace) or past ASCII (the others)."""
+    first = pc.utf8_slice_codeunits(strings, 0, 1)
+    return _flagged(pc.or_(pc.less_equal(first, " "), pc.greater_equal(first, "\u0080")))
+
+
+Columns = tuple[dict[str, pa.Array], Mapping[str, Column] | None, LinkColumns | None, set[str]]
+"""A poll's samples as columns: the Arrow arrays (a column past int64 missing), the
+Python values (only when the samples came as objects), the NVLink lists as read from
+their bytes (None: ``_nvlink`` converts them), the columns that did not fit."""
+
+
+def _columns(samples: Sequence[Any]) -> Columns | set[int]:
+    """The samples as columns (``Columns``), or the samples whose bytes are not a sample
+    (to be opened strictly). Raw msgpack samples are decoded straight into columns
+    (``wire_samples``); the few it leaves undecided, and the samples that came as
+    objects, are converted as objects, and both parts put back in order."""
+    raw = np.fromiter((isinstance(s, msgspec.Raw) for s in samples), dtype=np.bool_,
+                      count=len(samples))
+    if not raw.any():
+        return _object_columns(samples)
+    raw_at = np.flatnonzero(raw)
+    fast = wire_samples.decode([samples[int(i)] for i in raw_at])
+    fast_rows = raw_at[fast.rows]
+    if len(fast_rows) == len(samples):
+        return fast.arrays, None, LinkColumns.of(fast.arrays), set()
+    slow_rows = np.setdiff1d(np.arange(len(samples)), fast_rows)
+    objects, undecodable = _as_objects([samples[i] for i in slow_rows])
+    good = [i for i in range(len(objects)) if i not in undecodable]
+    slow = _object_columns([objects[i] for i in good]) if good else set()
+    if isinstance(slow, set):  # (every such sample at once: the validator opens them all)
+        undecodable |= {good[i] for i in slow}
+    if undecodable or isinstance(slow, set):
+        return {int(slow_rows[i]) for i in undecodable}
+    arrays, _, links, unfit = slow
+    if unfit or links is None:  # a value past int64 (rare): every sample as an object
+        every, _ = _as_objects(samples)
+        return _object_columns(every)
+    order = np.argsort(np.concatenate([fast_rows, slow_rows]), kind="stable")
+    merged = {name: pa.concat_arrays([fast.arrays[name], arrays[name]]).take(order)
+              for name in fast.arrays}
+    return merged, None, LinkColumns.of(merged), set()
+
+
+def _as_objects(samples: Sequence[Any]) -> tuple[list[Any], set[int]]:
+    """Each sample as an object (a ``msgspec.Raw`` decoded as a ``WireSample``), and the
+    ones whose bytes do not decode (the validator opens their records strictly)."""
+    out: list[Any] = []
+    bad: set[int] = set()
+    for i, s in enumerate(samples):
+        if isinstance(s, msgspec.Raw):
+            try:
+                s = WIRE_SAMPLE.decode(s)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                bad.add(i)
+        out.append(s)
+    return out, bad
+
+
+def _object_columns(samples: Sequence[Any]) -> Columns | set[int]:
+    """Decoded samples as columns (``Columns``), or the samples with an NVLink list that
+    is not one."""
+    cols: dict[str, Column] = dict(zip(
+        _NAMES, zip(*map(msgspec.structs.astuple, samples), strict=True), strict=True))
+    undecodable: set[int] = set()
+    links = _links(cols, undecodable)
+    if undecodable:
+        return undecodable
+    arrays: dict[str, pa.Array] = {}
+    unfit: set[str] = set()
+    for f in SAMPLE_SCHEMA:
+        if f.name in NVLINK_LISTS:
+            if links is not None:
+                arrays[f.name] = links.arrays[f.name]
+            continue  # (``_nvlink`` converts Python lists)
+        try:
+            arrays[f.name] = pa.array(cols[f.name], type=f.type)
+        except (OverflowError, pa.ArrowException):  # past int64: a sentinel, surely
+            unfit.add(f.name)
+    return arrays, cols, links, unfit
 
 
 def _links(cols: dict[str, Column], undecodable: set[int]) -> LinkColumns | None:

@@ -155,7 +155,7 @@ def flatten_batches(
 def sample_rows(samples: Sequence[Any], table: pa.Table | None) -> pa.Table:
     """``samples`` as Arrow: ``table`` when it is them already (validation converts a
     poll's samples once, ``ValidationResult.sample_table``), else converted here
-    (``GpuSample`` or ``wire_columns.WireSample``)."""
+    (``GpuSample``, ``wire_columns.WireSample`` or a sample's msgpack bytes)."""
     if table is not None:
         if table.num_rows == len(samples) and table.schema == schema.SAMPLE_SCHEMA:
             return table

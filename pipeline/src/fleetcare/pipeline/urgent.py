@@ -22,6 +22,9 @@ the next samples). Not thread-safe: one ingest thread calls it.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
+
+import msgspec
 
 from fleetcare.collectors.contract import Batch, GpuSample
 from fleetcare.collectors.xid import DEFAULT_CATALOG, XidCatalog
@@ -29,6 +32,22 @@ from fleetcare.pipeline.wire_columns import as_list
 
 _UE_FIELDS = ("ecc_uncorrected_volatile", "ecc_uncorrected_aggregate",
               "remapped_rows_uncorrectable", "retired_pages_dbe")
+
+
+_READ = ("ts", "node", "gpu_uuid", "gpu_index", *_UE_FIELDS, "remapped_rows_failure",
+         "nvlink_up")
+_Seen: Any = msgspec.defstruct("_Seen", [
+    (f.name, f.type) if f.required else (f.name, f.type, f.default)
+    for f in msgspec.structs.fields(GpuSample) if f.name in _READ], frozen=True)
+"""The fields of a ``GpuSample`` that ``observe`` reads (a sample that came as its
+msgpack bytes is decoded into this: msgspec skips the rest)."""
+_SEEN = msgspec.msgpack.Decoder(_Seen)
+
+
+def _seen(sample: Any) -> Any:
+    """A sample as ``observe`` reads it (``msgspec.Raw``: the validator kept it, so it
+    decodes)."""
+    return _SEEN.decode(sample) if isinstance(sample, msgspec.Raw) else sample
 URGENT_SEVERITIES = ("warning", "fatal")
 
 
@@ -52,7 +71,7 @@ class UrgentSignals:
 
     def observe(self, batches: Iterable[Batch]) -> set[str]:
         """The nodes whose batches hold something urgent (module doc). ``batches``: as
-        ingest decoded them (``Batch``, or ``wire_columns.WireBatch`` from msgpack)."""
+        ingest decoded them (``Batch``, or ``wire_columns.RawBatch`` from msgpack)."""
         urgent: set[str] = set()
 
         def name(node: str, why: str) -> None:
@@ -64,7 +83,7 @@ class UrgentSignals:
                 if e.xid is not None and urgent_xid(self.catalog, e.xid):
                     info = self.catalog.lookup(e.xid)
                     name(e.node, f"XID {e.xid} ({info.name}, {info.severity})")
-            for s in sorted(b.samples, key=lambda s: s.ts):
+            for s in sorted(map(_seen, b.samples), key=lambda s: s.ts):
                 why = self._sample(s)
                 if why:
                     name(s.node, why)
@@ -76,7 +95,7 @@ class UrgentSignals:
                     name(n.node, f"{n.device} port {n.port} left ACTIVE ({n.state})")
         return urgent
 
-    def _sample(self, s: GpuSample) -> str | None:
+    def _sample(self, s: Any) -> str | None:
         why = None
         ue = tuple(int(getattr(s, f) or 0) for f in _UE_FIELDS)
         before = self._ue.get(s.gpu_uuid)

@@ -29,10 +29,10 @@ Policy:
 
 Cost is linear in the message: a message is decoded once when it is good, and at most
 four times plus once per record when it is not (the record slices are decoded once per
-message, however many records are bad). msgpack is decoded first with the samples' NVLink
-lists left as bytes (``wire_columns``: the screen reads them into columns with numpy);
-anything that decoder refuses, and a list that is not one, is decoded strictly, which
-gives the reasons below.
+message, however many records are bad). msgpack is decoded first with the samples left as
+bytes (``wire_columns.RawBatch``: the screen decodes them straight into columns,
+``wire_samples``); anything that decoder refuses, a sample msgspec refuses and an NVLink
+list that is not one, is decoded strictly, which gives the reasons below.
 
 Stable reason codes (``CODES``; used as the quarantine ``code`` column and as metric
 labels): see the table below. Ranges live in ``Limits`` (``fleetcare.pipeline.limits``);
@@ -74,10 +74,11 @@ from fleetcare.collectors.contract import (
     decode_batch,
 )
 from fleetcare.collectors.transport import READ_ERRORS, Record
+from fleetcare.pipeline import wire_samples
 from fleetcare.pipeline.limits import KNOWN_CAUSES, OPERATOR_CAUSES, Limits
 from fleetcare.pipeline.record_checks import Problem, RecordChecks, clip, short
 from fleetcare.pipeline.sample_screen import SampleScreen
-from fleetcare.pipeline.wire_columns import WIRE_BATCH, as_sample, full_batch
+from fleetcare.pipeline.wire_columns import RAW_BATCH, RawBatch, as_sample, full_batch
 
 __all__ = ["CODES", "KNOWN_CAUSES", "OPERATOR_CAUSES", "Kept", "Limits", "RecordValidator",
            "Rejection", "ValidationResult", "Validator"]
@@ -156,8 +157,8 @@ class Rejection:
 
 class Kept:
     """A batch to insert (its bad records removed), with where its message came from.
-    ``decoded``: the batch as decoded, a ``Batch`` or a ``wire_columns.WireBatch``
-    (msgpack: the NVLink lists still bytes); ``batch``: the contract's ``Batch`` of it,
+    ``decoded``: the batch as decoded, a ``Batch`` or a ``wire_columns.RawBatch``
+    (msgpack: the samples still bytes); ``batch``: the contract's ``Batch`` of it,
     decoded on first use."""
 
     __slots__ = ("_batch", "decoded", "raw", "source")
@@ -337,10 +338,10 @@ class _Slices:
 
 
 def _wire(raw: bytes) -> Any:
-    """``raw`` decoded as a ``WireBatch`` of a version this pipeline reads, else None
-    (the strict decoder then decides and explains)."""
+    """``raw`` decoded as a ``RawBatch`` (samples left as bytes) of a version this
+    pipeline reads, else None (the strict decoder then decides and explains)."""
     try:
-        batch = WIRE_BATCH.decode(raw)
+        batch = RAW_BATCH.decode(raw)
     except _DECODE_ERRORS:
         return None
     return batch if 1 <= batch.schema_version <= SCHEMA_VERSION else None
@@ -367,7 +368,7 @@ def _landed(batch: Batch, kept: Batch | None) -> list[bool]:
 @dataclass(frozen=True, slots=True, eq=False)
 class _Opened:
     """A decoded batch whose envelope passed, waiting for its records' checks (a
-    ``Batch`` or a ``wire_columns.WireBatch``)."""
+    ``Batch`` or a ``wire_columns.RawBatch``)."""
 
     batch: Any
     source: str
@@ -383,6 +384,7 @@ class Validator:
         self.limits = limits or Limits()
         self.checks = RecordChecks(self.limits, causes)
         self.screen = SampleScreen(self.limits)
+        wire_samples.prepare()  # (the compiled msgpack decoder: once a process, up front)
 
     @property
     def causes(self) -> frozenset[str]:
@@ -406,7 +408,7 @@ class Validator:
                 opened.append((rec, ValidationResult(rejections=[unexpected(rec, exc)]), None))
         suspects, table, undecodable = self._screen(
             [o for _, _, o in opened if o is not None], now)
-        if undecodable:  # a list the strict decoder refuses: it says why, for its record
+        if undecodable:  # a sample the strict decoder refuses: it says why, for its record
             for j, (rec, _, o) in enumerate(opened):
                 if o is not None and id(o) in undecodable:
                     one = ValidationResult()
@@ -449,7 +451,7 @@ class Validator:
               strict: bool = False) -> _Opened | None:
         """Decode ``rec`` and check its envelope: the batch whose records are to be
         checked, or None when the whole record was rejected (appended to ``result``).
-        msgpack is decoded with the NVLink lists left as bytes (``WIRE_BATCH``) unless
+        msgpack is decoded with the samples left as bytes (``RAW_BATCH``) unless
         ``strict``; anything that decoder refuses is decoded strictly, which says why."""
         raw, source = rec.value, source_of(rec)
         if rec.error_code is not None:
@@ -490,7 +492,8 @@ class Validator:
             screened = self.screen.screen(samples, nodes, now)
         except Exception:
             log.exception("ingest.screen_failed samples=%d: checking each one", len(samples))
-            return {}, None, set()
+            # samples still bytes are decoded strictly first (their records opened again)
+            return {}, None, {id(o) for o in opened if isinstance(o.batch, RawBatch)}
         flagged = sorted(screened.suspects)
         out: dict[int, set[int]] = {}
         undecodable: set[int] = set()

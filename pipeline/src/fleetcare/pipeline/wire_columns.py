@@ -33,6 +33,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from fleetcare.collectors.contract import Batch, GpuSample
 from fleetcare.pipeline.schema import NVLINK_LISTS
@@ -60,6 +61,13 @@ WireBatch: Any = _mirror("WireBatch", Batch, {"samples": list[WireSample]},
                          kw_only=True, frozen=True)
 """``Batch`` whose samples are ``WireSample``."""
 WIRE_BATCH = msgspec.msgpack.Decoder(WireBatch)
+WIRE_SAMPLE = msgspec.msgpack.Decoder(WireSample)
+RawBatch: Any = _mirror("RawBatch", Batch, {"samples": list[msgspec.Raw]}, kw_only=True,
+                        frozen=True)
+"""``Batch`` whose samples are left as their msgpack bytes (``msgspec.Raw``), for
+``wire_samples.decode`` to read into columns."""
+RAW_BATCH = msgspec.msgpack.Decoder(RawBatch)
+_SAMPLE = msgspec.msgpack.Decoder(GpuSample)
 
 _LIST_TYPES = {name: (list[bool] if name == "nvlink_up" else list[int]) | None
                for name in NVLINK_LISTS}
@@ -79,9 +87,12 @@ def as_list(name: str, value: Any) -> list[Any] | None:
 
 
 def as_sample(sample: Any) -> GpuSample:
-    """``sample`` as the contract's ``GpuSample`` (a ``WireSample``'s lists decoded)."""
+    """``sample`` as the contract's ``GpuSample`` (a ``WireSample``'s lists decoded, a
+    ``msgspec.Raw`` decoded strictly)."""
     if isinstance(sample, GpuSample):
         return sample
+    if isinstance(sample, msgspec.Raw):
+        return _SAMPLE.decode(sample)
     values = dict(zip(_NAMES, msgspec.structs.astuple(sample), strict=True))
     for name in NVLINK_LISTS:
         values[name] = as_list(name, values[name])
@@ -107,6 +118,18 @@ class LinkColumns:
     """Per list name, each sample's entry count (float64; NaN: null), for the checks."""
     values: dict[str, np.ndarray]
     """Per list name, every entry of every sample (int64; bool for ``nvlink_up``)."""
+
+    @classmethod
+    def of(cls, arrays: dict[str, pa.Array]) -> LinkColumns:
+        """The NVLink columns of a poll already in Arrow (``wire_samples.decode``)."""
+        out = cls({}, {}, {})
+        for name in NVLINK_LISTS:
+            arr = out.arrays[name] = arrays[name]
+            counts = pc.list_value_length(arr).to_numpy(zero_copy_only=False)
+            out.counts[name] = np.where(arr.is_null().to_numpy(zero_copy_only=False),
+                                        np.nan, counts.astype(np.float64))
+            out.values[name] = arr.flatten().to_numpy(zero_copy_only=False)
+        return out
 
     def rows(self, name: str, entries: np.ndarray) -> np.ndarray:
         """The samples that hold the entries ``entries`` (a mask over ``values[name]``)."""
