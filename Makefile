@@ -12,6 +12,8 @@ $(STAMP): pyproject.toml collectors/pyproject.toml pipeline/pyproject.toml model
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e './collectors[nvml,kafka]' -e ./pipeline -e ./models -e ./api -e '.[dev]'
+	@# compile the ingest's msgpack decoder now (numba, ~10 s once; cached beside it)
+	$(BIN)/python -c "from fleetcare.pipeline import wire_samples; wire_samples.prepare()"
 	touch $(STAMP)
 
 demo: install
