@@ -338,3 +338,29 @@ def test_the_poll_table_holds_exactly_the_kept_samples() -> None:
     assert result.sample_table.to_pylist() == records_to_arrow(kept, SAMPLE_SCHEMA).to_pylist()
     assert sorted(r.code for r in result.rejections) == [
         "negative_counter", "temperature_out_of_range", "undecodable", "wrong_type"]
+
+
+def test_a_poll_with_undecodable_samples_keeps_every_other_row_in_its_table():
+    """Records whose samples msgspec refuses are opened again strictly and screened on
+    their own; the poll's table still holds exactly the kept samples, in record order."""
+    from fleetcare.pipeline.schema import SAMPLE_SCHEMA
+    from fleetcare.pipeline.store import records_to_arrow
+
+    def record(i: int, bad: Any = None, field: str = "gpu_temp_c") -> Record:
+        d = good_dict()
+        for j, s in enumerate(d["samples"]):
+            s["ts"] = T0 + dt.timedelta(minutes=i, seconds=j)  # (a timestamp, not text)
+            if bad is not None and j == 1:
+                s[field] = bad
+        d["seq"] = i
+        return Record(TELEMETRY_TOPIC, NODE, msgspec.msgpack.encode(d), 0, i)
+
+    records = [record(0), record(1, "hot"), record(2), record(3, [[1]] * 18, "nvlink_replay"),
+               record(4), record(5, 10_000.0)]
+    result = validator().validate(records)
+    assert sorted(r.code for r in result.rejections) == ["temperature_out_of_range",
+                                                         "wrong_type", "wrong_type"]
+    kept = [s for b in result.batches for s in b.samples]
+    assert len(kept) == 15 and result.sample_table is not None
+    want = records_to_arrow(kept, SAMPLE_SCHEMA)
+    assert repr(result.sample_table.to_pylist()) == repr(want.to_pylist())

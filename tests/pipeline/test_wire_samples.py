@@ -128,6 +128,22 @@ FLOATS = st.floats(allow_nan=True, allow_infinity=True)
 
 
 @st.composite
+def rfc3339(draw: st.DrawFn) -> str:
+    """Timestamps as text, near and past every rule: days past a month's end, leap years,
+    fractions of 0-9 digits, offsets, 'z', a space for 'T', missing parts."""
+    year = draw(st.sampled_from([1969, 1970, 1971, 2000, 2024, 2026, 2100, 9998, 9999]))
+    month, day = draw(st.integers(0, 13)), draw(st.integers(0, 32))
+    hour, minute, second = draw(st.integers(0, 25)), draw(st.integers(0, 61)), draw(
+        st.integers(0, 61))
+    frac = draw(st.sampled_from(["", ".", ".5", ".123", ".000001", ".123456", ".1234567",
+                                 ".123456789"]))
+    zone = draw(st.sampled_from(["Z", "z", "+00:00", "-00:00", "+05:30", "-08:00", "+23:59",
+                                 "+24:00", "+0530", "", "+05:60"]))
+    sep = draw(st.sampled_from(["T", "T", "T", " ", "t"]))
+    return f"{year:04d}-{month:02d}-{day:02d}{sep}{hour:02d}:{minute:02d}:{second:02d}{frac}{zone}"
+
+
+@st.composite
 def value(draw: st.DrawFn, kind: int) -> Any:
     """A value for a field of ``kind``: mostly of its type, in every encoding, sometimes
     of another type or nil."""
@@ -159,6 +175,8 @@ def value(draw: st.DrawFn, kind: int) -> Any:
                              st.integers(-(2**40), 2**40)))
         nano = draw(st.one_of(st.just(0), st.integers(0, 999_999) .map(lambda u: u * 1000),
                               st.integers(0, 2**30 - 1)))
+        if draw(st.booleans()):
+            return draw(rfc3339())
         made = ts_bytes(sec, nano, draw(st.sampled_from([4, 8, 12])))
         return made if made is not None else draw(st.sampled_from(
             [NOW, "2026-03-01T12:00:00Z", "2026-03-01T12:00:00", 1_700_000_000]))
@@ -217,6 +235,19 @@ def test_every_field_with_every_kind_of_value(name):
     raws = [map_bytes([(k, v if k != name else t) for k, v in full(3).items()])
             for t in TRICKY]
     agree(raws)
+
+
+@settings(max_examples=3000, **SETTINGS)
+@given(rfc3339())
+def test_timestamps_as_text_decode_as_msgspec_decodes_them(text):
+    agree([map_bytes([(k, v if k != "ts" else text) for k, v in full(1).items()])])
+
+
+def test_valid_text_timestamps_are_decoded_not_left():
+    texts = ["2026-03-01T12:00:00Z", "2024-02-29T23:59:59.5+05:30", "2026-12-31T00:00:00-08:00",
+             "1999-01-01T00:00:00.123456Z"]
+    raws = [map_bytes([(k, v if k != "ts" else t) for k, v in full(1).items()]) for t in texts]
+    assert agree(raws) == len(texts)
 
 
 @settings(max_examples=1500, **SETTINGS)

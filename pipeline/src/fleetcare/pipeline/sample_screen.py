@@ -74,9 +74,10 @@ class Screened:
     table: pa.Table | None
     """All samples (``schema.SAMPLE_SCHEMA``, in order); None when a column did not fit."""
     undecodable: set[int] = dataclass_field(default_factory=set)
-    """Indices of the samples with an NVLink list that is not one (raw bytes that the
-    strict decoder refuses): the record is to be opened again with it; the suspects and
-    the table above do not hold for them."""
+    """Indices of the samples whose bytes the strict decoder refuses (a field of the
+    wrong type, an NVLink list that is not one): the record is to be opened again with it;
+    the suspects do not hold for them and their rows of the table are nulls (the table
+    may be None then)."""
 
 
 def _rows(col: Column, bad: Callable[[Any], bool]) -> set[int]:
@@ -126,7 +127,7 @@ class SampleScreen:
         got = _columns(samples)
         if isinstance(got, set):
             return Screened(set(), None, got)
-        arrays, cols, links, unfit = got
+        (arrays, cols, links, unfit), undecodable = got
         out = self._strings(arrays, nodes) | self._times(arrays["ts"], now)
         for _, name in _SHAPE.ints:
             out |= self._ints(name, arrays.get(name), cols)
@@ -146,7 +147,7 @@ class SampleScreen:
                                              schema=SAMPLE_SCHEMA)
             except (pa.ArrowException, OverflowError, TypeError, ValueError):
                 table = None  # the sinks convert the kept samples (and say why it fails)
-        return Screened(out, table, undecodable=set())
+        return Screened(out - undecodable, table, undecodable)
 
     # -- one test per group of columns ------------------------------------------------------
     def _strings(self, arrays: Mapping[str, pa.Array], nodes: Sequence[str]) -> set[int]:
@@ -306,36 +307,48 @@ Python values (only when the samples came as objects), the NVLink lists as read 
 their bytes (None: ``_nvlink`` converts them), the columns that did not fit."""
 
 
-def _columns(samples: Sequence[Any]) -> Columns | set[int]:
-    """The samples as columns (``Columns``), or the samples whose bytes are not a sample
-    (to be opened strictly). Raw msgpack samples are decoded straight into columns
-    (``wire_samples``); the few it leaves undecided, and the samples that came as
-    objects, are converted as objects, and both parts put back in order."""
+def _columns(samples: Sequence[Any]) -> tuple[Columns, set[int]] | set[int]:
+    """The samples as columns (``Columns``) and the samples whose bytes are not a sample
+    (to be opened strictly: their rows are nulls), or, rarely, only those. Raw msgpack
+    samples are decoded straight into columns (``wire_samples``); the few it leaves
+    undecided, and the samples that came as objects, are converted as objects, and the
+    parts put back in order."""
     raw = np.fromiter((isinstance(s, msgspec.Raw) for s in samples), dtype=np.bool_,
                       count=len(samples))
     if not raw.any():
-        return _object_columns(samples)
+        whole = _object_columns(samples)
+        return whole if isinstance(whole, set) else (whole, set())
     raw_at = np.flatnonzero(raw)
     fast = wire_samples.decode([samples[int(i)] for i in raw_at])
     fast_rows = raw_at[fast.rows]
     if len(fast_rows) == len(samples):
-        return fast.arrays, None, LinkColumns.of(fast.arrays), set()
+        return (fast.arrays, None, LinkColumns.of(fast.arrays), set()), set()
     slow_rows = np.setdiff1d(np.arange(len(samples)), fast_rows)
     objects, undecodable = _as_objects([samples[i] for i in slow_rows])
-    good = [i for i in range(len(objects)) if i not in undecodable]
-    slow = _object_columns([objects[i] for i in good]) if good else set()
-    if isinstance(slow, set):  # (every such sample at once: the validator opens them all)
+    while True:  # (a list that is not one: that sample is undecodable too, the rest again)
+        good = [i for i in range(len(objects)) if i not in undecodable]
+        slow = (_object_columns([objects[i] for i in good]) if good
+                else (_empty(), None, LinkColumns.of(_empty()), set()))
+        if not isinstance(slow, set):
+            break
         undecodable |= {good[i] for i in slow}
-    if undecodable or isinstance(slow, set):
-        return {int(slow_rows[i]) for i in undecodable}
     arrays, _, links, unfit = slow
+    bad_rows = slow_rows[sorted(undecodable)]
     if unfit or links is None:  # a value past int64 (rare): every sample as an object
+        if len(bad_rows):
+            return {int(i) for i in bad_rows}
         every, _ = _as_objects(samples)
-        return _object_columns(every)
-    order = np.argsort(np.concatenate([fast_rows, slow_rows]), kind="stable")
-    merged = {name: pa.concat_arrays([fast.arrays[name], arrays[name]]).take(order)
-              for name in fast.arrays}
-    return merged, None, LinkColumns.of(merged), set()
+        whole = _object_columns(every)
+        return whole if isinstance(whole, set) else (whole, set())
+    order = np.argsort(np.concatenate([fast_rows, slow_rows[good], bad_rows]), kind="stable")
+    merged = {f.name: pa.concat_arrays([fast.arrays[f.name], arrays[f.name],
+                                        pa.nulls(len(bad_rows), f.type)]).take(order)
+              for f in SAMPLE_SCHEMA}
+    return (merged, None, LinkColumns.of(merged), set()), {int(i) for i in bad_rows}
+
+
+def _empty() -> dict[str, pa.Array]:
+    return {f.name: pa.array([], f.type) for f in SAMPLE_SCHEMA}
 
 
 def _as_objects(samples: Sequence[Any]) -> tuple[list[Any], set[int]]:

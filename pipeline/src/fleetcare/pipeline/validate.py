@@ -58,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import msgspec
+import numpy as np
 import pyarrow as pa
 
 from fleetcare.collectors.contract import (
@@ -365,6 +366,27 @@ def _landed(batch: Batch, kept: Batch | None) -> list[bool]:
     return [id(s) in held for s in batch.samples]
 
 
+def _rows_of(batches: Sequence[Any], *parts: tuple[Sequence[Any], pa.Table | None]
+             ) -> pa.Table | None:
+    """The sample rows of ``batches`` (``_Opened``, in order) taken from the tables that
+    screened them (``parts``: each the batches it screened, in order, and its table);
+    None when one of those tables is None."""
+    at: dict[int, tuple[int, int]] = {}  # batch -> (its first row in the tables, count)
+    tables, base = [], 0
+    for screened, table in parts:
+        if table is None:
+            return None
+        row = base
+        for o in screened:
+            at[id(o)] = (row, len(o.batch.samples))
+            row += len(o.batch.samples)
+        tables.append(table)
+        base += table.num_rows
+    rows = [range(start, start + n) for start, n in map(at.__getitem__, map(id, batches))]
+    index = np.fromiter((i for r in rows for i in r), dtype=np.int64)
+    return pa.concat_tables(tables).take(index)
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class _Opened:
     """A decoded batch whose envelope passed, waiting for its records' checks (a
@@ -406,19 +428,28 @@ class Validator:
             except Exception as exc:
                 log.exception("ingest.validation_failed source=%s", source_of(rec))
                 opened.append((rec, ValidationResult(rejections=[unexpected(rec, exc)]), None))
-        suspects, table, undecodable = self._screen(
-            [o for _, _, o in opened if o is not None], now)
+        first = [o for _, _, o in opened if o is not None]
+        suspects, table, undecodable = self._screen(first, now)
         if undecodable:  # a sample the strict decoder refuses: it says why, for its record
+            fresh: list[_Opened] = []
             for j, (rec, _, o) in enumerate(opened):
                 if o is not None and id(o) in undecodable:
                     one = ValidationResult()
                     try:
-                        opened[j] = (rec, one, self._open(rec, one, strict=True))
+                        again = self._open(rec, one, strict=True)
+                        opened[j] = (rec, one, again)
+                        fresh += [again] if again is not None else []
                     except Exception as exc:
                         log.exception("ingest.validation_failed source=%s", o.source)
                         opened[j] = (rec, ValidationResult(rejections=[unexpected(rec, exc)]),
                                      None)
-            suspects, table, _ = self._screen([o for _, _, o in opened if o is not None], now)
+            final = [o for _, _, o in opened if o is not None]
+            if table is None:  # nothing screened to keep: all again
+                suspects, table, _ = self._screen(final, now)
+            else:  # only the records opened again (the rest screened already)
+                more, fresh_table, _ = self._screen(fresh, now)
+                suspects.update(more)
+                table = _rows_of(final, (first, table), (fresh, fresh_table))
         result = ValidationResult()
         keep: list[bool] = []  # per screened sample: landed (its row of ``table`` kept)
         for rec, one, o in opened:
@@ -496,7 +527,9 @@ class Validator:
             return {}, None, {id(o) for o in opened if isinstance(o.batch, RawBatch)}
         flagged = sorted(screened.suspects)
         out: dict[int, set[int]] = {}
-        undecodable: set[int] = set()
+        ends = np.cumsum([len(o.batch.samples) for o in opened], dtype=np.int64)
+        holders = np.searchsorted(ends, sorted(screened.undecodable), side="right")
+        undecodable = {id(opened[int(j)]) for j in holders}
         start = k = 0
         for o in opened:
             end = start + len(o.batch.samples)
@@ -504,8 +537,6 @@ class Validator:
             while k < len(flagged) and flagged[k] < end:
                 mine.add(flagged[k] - start)
                 k += 1
-            if screened.undecodable and any(start <= i < end for i in screened.undecodable):
-                undecodable.add(id(o))
             start = end
         return out, screened.table, undecodable
 

@@ -25,6 +25,8 @@ from fleetcare.pipeline.wire_samples import (
     TS,
 )
 
+_MONTH_DAYS = np.array([31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31], dtype=np.int64)
+
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _u(buf: np.ndarray, p: int, width: int) -> np.uint64:  # pragma: no cover - compiled
@@ -81,6 +83,66 @@ def _field(buf: np.ndarray, p: int, klen: int, names: np.ndarray, name_at: np.nd
         if same:
             return f
     return -1
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _digits(buf: np.ndarray, p: int, n: int) -> int:  # pragma: no cover - compiled
+    """The ``n`` ASCII digits at ``p`` as a number, -1 if one is not a digit."""
+    v: Any = 0
+    for j in range(n):
+        d = np.int64(buf[p + j]) - 48
+        if d < 0 or d > 9:
+            return -1
+        v = v * 10 + d
+    return v
+
+
+@numba.njit(cache=True, nogil=True)
+def _rfc3339(buf: np.ndarray, p: Any, n: Any) -> tuple[Any, Any]:  # pragma: no cover
+    """``YYYY-MM-DDTHH:MM:SS[.f{1,6}](Z|+HH:MM|-HH:MM)`` at ``p`` (``n`` bytes) as
+    (seconds since the epoch, nanoseconds); (-1, 0) for anything else (msgspec decides)."""
+    if n < 20 or buf[p + 4] != 45 or buf[p + 7] != 45 or buf[p + 10] != 84 \
+            or buf[p + 13] != 58 or buf[p + 16] != 58:  # '-', 'T', ':'
+        return np.int64(-1), np.int64(0)
+    year, month, day = _digits(buf, p, 4), _digits(buf, p + 5, 2), _digits(buf, p + 8, 2)
+    hour, minute, second = (_digits(buf, p + 11, 2), _digits(buf, p + 14, 2),
+                            _digits(buf, p + 17, 2))
+    q = p + 19
+    micro = 0
+    if buf[q] == 46:  # '.'
+        k = 0
+        while q + 1 + k < p + n and 48 <= buf[q + 1 + k] <= 57:
+            k += 1
+        if k < 1 or k > 6:
+            return np.int64(-1), np.int64(0)
+        micro = _digits(buf, q + 1, k) * 10 ** (6 - k)
+        q += 1 + k
+    rest = p + n - q
+    offset = 0
+    if rest == 1 and buf[q] == 90:  # 'Z'
+        offset = 0
+    elif rest == 6 and (buf[q] == 43 or buf[q] == 45) and buf[q + 3] == 58:  # +HH:MM
+        oh, om = _digits(buf, q + 1, 2), _digits(buf, q + 4, 2)
+        if oh < 0 or om < 0 or oh > 23 or om > 59:
+            return np.int64(-1), np.int64(0)
+        offset = (oh * 60 + om) * 60 * (1 if buf[q] == 43 else -1)
+    else:
+        return np.int64(-1), np.int64(0)
+    if (year < 1971 or year > 9998 or month < 1 or month > 12 or day < 1 or hour < 0
+            or hour > 23 or minute < 0 or minute > 59 or second < 0 or second > 59):
+        return np.int64(-1), np.int64(0)  # (a year apart from the ends: offsets move it)
+    leap = year % 4 == 0 and (year % 100 != 0 or year % 400 == 0)
+    last = 29 if month == 2 and leap else _MONTH_DAYS[month - 1]
+    if day > last:
+        return np.int64(-1), np.int64(0)
+    y = year - (1 if month <= 2 else 0)  # days from 1970-01-01 (civil calendar)
+    era = y // 400
+    yoe = y - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    days = era * 146097 + doe - 719468
+    sec = days * 86400 + hour * 3600 + minute * 60 + second - offset
+    return np.int64(sec), np.int64(micro * 1000)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -215,6 +277,13 @@ def walk(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarra
                     nano = np.int64(_u(buf, p + 3, 4))
                     sec = np.int64(_u(buf, p + 7, 8))
                     p += 15
+                elif (v & 0xE0) == 0xA0 or v == 0xD9:  # text: RFC 3339
+                    n, hl = (np.int64(v & 0x1F), 1) if v != 0xD9 else (np.int64(buf[p + 1]), 2)
+                    if p + hl + n > end:
+                        good = False
+                        break
+                    sec, nano = _rfc3339(buf, p + hl, n)
+                    p += hl + n
                 else:
                     good = False
                     break
