@@ -12,12 +12,13 @@ It decodes only what it is sure of, exactly as ``msgspec`` decodes a ``GpuSample
   required field present and not nil;
 - integers (every msgpack width up to int64) for integer fields; floats (32/64 bit) or
   integers for float fields; booleans for boolean fields; ASCII strings for string fields;
-  the msgpack timestamp extension (32, 64 or 96 bit, whole microseconds, from 1970 on) for
+  the msgpack timestamp extension (32, 64 or 96 bit, whole microseconds, from 1970 on) or
+  RFC 3339 text (``YYYY-MM-DDTHH:MM:SS``, 1-6 fraction digits, ``Z`` or ``±HH:MM``) for
   ``ts``; lists of integers / booleans (fixarray or array16) for the NVLink lists; nil
   for an optional field.
 
 Anything else (an unknown key, a duplicate, a string temperature, a counter past int64, a
-non-ASCII name, an RFC 3339 ``ts``, nanoseconds) leaves the sample *undecided*: the caller
+non-ASCII name, another form of ``ts``, nanoseconds) leaves the sample *undecided*: the caller
 decodes it with msgspec, which keeps or refuses it with its own words, so no sample is
 decoded differently here and no reason changes. ``tests/pipeline/test_wire_samples.py``
 holds the columns equal to msgspec + Arrow for random samples, every msgpack width and
