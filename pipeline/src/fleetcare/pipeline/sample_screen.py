@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Mapping, Sequence, Sized
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
 from typing import Any
@@ -83,10 +83,6 @@ class Screened:
 def _rows(col: Column, bad: Callable[[Any], bool]) -> set[int]:
     """The rows whose non-null value ``bad`` flags (the slow scan of a failed column)."""
     return {i for i, v in enumerate(col) if v is not None and bad(v)}
-
-
-def _longer(value: Sized, *, top: int) -> bool:
-    return len(value) > top
 
 
 def _bad_links(values: list[Any], *, top: int, counters: bool) -> bool:
@@ -172,7 +168,7 @@ class SampleScreen:
         us = ts.cast(pa.int64()).to_numpy(zero_copy_only=False)
         age = now - us / 1e6
         bad = (-age > lim.max_future_s - 1e-3) | (age > lim.max_age_s - 1e-3)
-        return set(np.flatnonzero(bad).tolist()) if bad.any() else set()
+        return set(np.flatnonzero(bad).tolist())
 
     def _int_ok(self, name: str) -> Callable[[int], bool]:
         """The test of one integer value of field ``name`` (True: no problem)."""

@@ -145,6 +145,14 @@ def _rfc3339(buf: np.ndarray, p: Any, n: Any) -> tuple[Any, Any]:  # pragma: no 
     return np.int64(sec), np.int64(micro * 1000)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _take_back(str_end: np.ndarray, str_mark: np.ndarray, item_end: np.ndarray,
+               item_mark: np.ndarray) -> None:  # pragma: no cover - compiled
+    """Forget what the sample being walked wrote (its rows end where they did before it)."""
+    str_end[:] = str_mark
+    item_end[:] = item_mark
+
+
 @numba.njit(cache=True, nogil=True)
 def walk(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarray,
           name_at: np.ndarray, kind: np.ndarray, required: np.ndarray, slot: np.ndarray,
@@ -250,8 +258,7 @@ def walk(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarra
                 row = store[f]
                 o = str_end[row]
                 if o + n > strs.shape[1]:
-                    str_end[:] = str_mark
-                    item_end[:] = item_mark
+                    _take_back(str_end, str_mark, item_end, item_mark)
                     return i
                 for j in range(n):
                     b = buf[p + hl + j]
@@ -307,8 +314,7 @@ def walk(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarra
                 row = store[f]
                 o = item_end[row]
                 if o + n > items.shape[1]:
-                    str_end[:] = str_mark
-                    item_end[:] = item_mark
+                    _take_back(str_end, str_mark, item_end, item_mark)
                     return i
                 for j in range(n):
                     if p >= end:
@@ -334,8 +340,7 @@ def walk(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarra
             present[f, i] = True
         if not good or p != end:
             present[:, i] = False
-            str_end[:] = str_mark
-            item_end[:] = item_mark
+            _take_back(str_end, str_mark, item_end, item_mark)
             continue
         for f in range(nfields):
             if required[f] and not (seen >> np.uint64(f)) & np.uint64(1):
@@ -344,6 +349,5 @@ def walk(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarra
             ok[i] = True
         else:
             present[:, i] = False
-            str_end[:] = str_mark
-            item_end[:] = item_mark
+            _take_back(str_end, str_mark, item_end, item_mark)
     return -1
