@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from fleetcare.collectors.contract import SCHEMA_VERSION, Batch, Incident, XidEvent, encode_batch
 from fleetcare.collectors.transport import TELEMETRY_TOPIC, Record
@@ -341,8 +343,8 @@ def test_the_poll_table_holds_exactly_the_kept_samples() -> None:
 
 
 def test_a_poll_with_undecodable_samples_keeps_every_other_row_in_its_table():
-    """Records whose samples msgspec refuses are opened again strictly and screened on
-    their own; the poll's table still holds exactly the kept samples, in record order."""
+    """Samples msgspec refuses are cut from their records (each rejected on its own); the
+    poll's table still holds exactly the kept samples, in record order."""
     from fleetcare.pipeline.schema import SAMPLE_SCHEMA
     from fleetcare.pipeline.store import records_to_arrow
 
@@ -364,3 +366,56 @@ def test_a_poll_with_undecodable_samples_keeps_every_other_row_in_its_table():
     assert len(kept) == 15 and result.sample_table is not None
     want = records_to_arrow(kept, SAMPLE_SCHEMA)
     assert repr(result.sample_table.to_pylist()) == repr(want.to_pylist())
+
+
+_ODD = {"gpu_temp_c": ["hot", 10_000.0, None, float("nan")],
+        "power_w": ["x", -5.0], "ecc_corrected_volatile": ["3", -1, 2**64 - 1],
+        "nvlink_replay": [[[1]] * 18, ["a"] * 18, [1, -1, 0]], "nvlink_up": [[1] * 18],
+        "ts": ["2026-03-01T00:00:00", 7], "gpu_uuid": ["", 5]}
+
+
+@st.composite
+def _poll(draw: st.DrawFn) -> list[Record]:
+    """msgpack records of 1-5 samples, each sample left alone or given an odd value
+    (of the wrong type: msgspec refuses it; or out of range)."""
+    records = []
+    for r in range(draw(st.integers(1, 5))):
+        d = good_dict()
+        d["samples"] = [dict(d["samples"][0], gpu_uuid=f"GPU-{j}", gpu_index=j,
+                             ts=T0 + dt.timedelta(seconds=j))
+                        for j in range(draw(st.integers(1, 5)))]
+        if draw(st.booleans()):
+            d["events"], d["incidents"] = [], []
+        for s in d["samples"]:
+            if draw(st.integers(0, 2)) == 0:
+                name = draw(st.sampled_from(sorted(_ODD)))
+                s[name] = draw(st.sampled_from(_ODD[name]))
+        d["seq"] = r
+        records.append(Record(TELEMETRY_TOPIC, NODE, msgspec.msgpack.encode(d), 0, r))
+    return records
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(_poll())
+def test_samples_msgspec_refuses_are_cut_as_the_strict_decoder_rejects_them(
+        records: list[Record]) -> None:
+    """A sample msgspec refuses in a record read with its samples as bytes is rejected on
+    its own, and the rest of the poll lands exactly as when every record is decoded
+    strictly: the same rejections (code, reason, source, bytes), batches and table."""
+    from fleetcare.pipeline import validate
+    from fleetcare.pipeline.wire_columns import full_batch
+
+    got = validator().validate(records)
+    wire = validate._wire
+    try:
+        validate._wire = lambda raw: None  # every record decoded strictly (the reference)
+        want = validator().validate(records)
+    finally:
+        validate._wire = wire
+    assert ([(r.code, r.reason, r.source, r.raw) for r in got.rejections]
+            == [(r.code, r.reason, r.source, r.raw) for r in want.rejections])
+    assert [full_batch(k.decoded) for k in got.kept] == want.batches
+    assert [k.source for k in got.kept] == [k.source for k in want.kept]
+    assert (got.sample_table is None) == (want.sample_table is None)
+    if got.sample_table is not None:
+        assert repr(got.sample_table.to_pylist()) == repr(want.sample_table.to_pylist())

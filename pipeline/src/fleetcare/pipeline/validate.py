@@ -31,8 +31,9 @@ Cost is linear in the message: a message is decoded once when it is good, and at
 four times plus once per record when it is not (the record slices are decoded once per
 message, however many records are bad). msgpack is decoded first with the samples left as
 bytes (``wire_columns.RawBatch``: the screen decodes them straight into columns,
-``wire_samples``); anything that decoder refuses, a sample msgspec refuses and an NVLink
-list that is not one, is decoded strictly, which gives the reasons below.
+``wire_samples``); anything that decoder refuses is decoded strictly, which gives the
+reasons below; a sample msgspec refuses (or with an NVLink list that is not one) is
+decoded strictly on its own and cut from its batch, the rest of the batch stays screened.
 
 Stable reason codes (``CODES``; used as the quarantine ``code`` column and as metric
 labels): see the table below. Ranges live in ``Limits`` (``fleetcare.pipeline.limits``);
@@ -310,6 +311,14 @@ def _record_decode_problem(section: str, raw: bytes, fmt: str,
     return "invalid_record", f"{where}: {msg}"
 
 
+def _undecoded(section: str, i: int, raw: bytes, fmt: str, exc: Exception,
+               source: str) -> Rejection:
+    """The rejection of record ``i`` of ``section`` (its bytes ``raw``): it does not
+    decode."""
+    code, msg = _record_decode_problem(section, raw, fmt, exc)
+    return Rejection(code, f"{section}[{i}].{msg}", f"{source}#{section}[{i}]", raw)
+
+
 class _Slices:
     """The wire bytes of each record of one message, decoded from it at most once.
 
@@ -355,15 +364,22 @@ def _clean(batch: Any, suspects: set[int] | None, opened: ValidationResult) -> b
             and not (batch.events or batch.incidents or batch.nics or opened.rejections))
 
 
-def _landed(batch: Batch, kept: Batch | None) -> list[bool]:
-    """For each sample of ``batch``: whether ``kept`` (the batch less its bad records, as
-    ``check_batch`` returns it: the same sample objects, in order) still holds it."""
+def _landed(opened: _Opened, kept: Batch | None) -> list[bool]:
+    """For each row ``opened`` had in the table it was screened into: whether ``kept``
+    (its batch less the bad records, as ``check_batch`` returns it: the same sample
+    objects, in order) still holds that sample; never for a row ``Validator._cut``
+    dropped."""
+    samples = opened.batch.samples
     if kept is None:
-        return [False] * len(batch.samples)
-    if len(kept.samples) == len(batch.samples):
-        return [True] * len(batch.samples)
-    held = {id(s) for s in kept.samples}
-    return [id(s) in held for s in batch.samples]
+        marks = [False] * len(samples)
+    elif len(kept.samples) == len(samples):
+        marks = [True] * len(samples)
+    else:
+        held = {id(s) for s in kept.samples}
+        marks = [id(s) in held for s in samples]
+    for i in opened.dropped:  # ascending: each lands at its own row
+        marks.insert(i, False)
+    return marks
 
 
 def _rows_of(batches: Sequence[Any], *parts: tuple[Sequence[Any], pa.Table | None]
@@ -395,6 +411,9 @@ class _Opened:
     batch: Any
     source: str
     slices: _Slices
+    dropped: tuple[int, ...] = ()
+    """Samples cut from the batch as it was screened (``Validator._cut``), ascending:
+    their rows of the table land nowhere."""
 
 
 class Validator:
@@ -430,7 +449,9 @@ class Validator:
                 opened.append((rec, ValidationResult(rejections=[unexpected(rec, exc)]), None))
         first = [o for _, _, o in opened if o is not None]
         suspects, table, undecodable = self._screen(first, now)
-        if undecodable:  # a sample the strict decoder refuses: it says why, for its record
+        if undecodable and table is not None and self._cut(opened, undecodable, suspects):
+            undecodable = {}  # each such sample rejected on its own, the rest kept screened
+        if undecodable:  # screened without a table: the records opened again, strictly
             fresh: list[_Opened] = []
             for j, (rec, _, o) in enumerate(opened):
                 if o is not None and id(o) in undecodable:
@@ -467,7 +488,7 @@ class Validator:
                 except Exception as exc:
                     log.exception("ingest.validation_failed source=%s", o.source)
                     one = ValidationResult(rejections=[unexpected(rec, exc)])
-                keep += _landed(o.batch, one.kept[0].decoded if one.kept else None)
+                keep += _landed(o, one.kept[0].decoded if one.kept else None)
             result.extend(one)
         if table is not None and table.num_rows == len(keep):
             result.sample_table = table if all(keep) else table.filter(pa.array(keep))
@@ -511,12 +532,14 @@ class Validator:
         return _Opened(batch, source, slices or _Slices(raw))
 
     def _screen(self, opened: list[_Opened], now: float
-                ) -> tuple[dict[int, set[int]], pa.Table | None, set[int]]:
+                ) -> tuple[dict[int, set[int]], pa.Table | None, dict[int, list[int]]]:
         """The suspect samples of each opened batch (keyed by ``id``), screened in one
         pass, the table of all their samples (None: the sinks convert them), and the
-        batches (``id``) with an NVLink list the strict decoder refuses. A batch missing
-        from the answer has every sample checked: if the screen raises (nobody foresaw
-        it), that costs time, never a check."""
+        samples the strict decoder refuses (a field of the wrong type, an NVLink list that
+        is not one), by batch (``id``), ascending. A batch missing from the suspects has
+        every sample checked: if the screen raises (nobody foresaw it), that costs time,
+        never a check (and each batch of samples still bytes is named undecodable, all of
+        its samples: to be opened again, strictly)."""
         samples = [s for o in opened for s in o.batch.samples]
         nodes = [o.batch.node for o in opened for _ in o.batch.samples]
         try:
@@ -524,12 +547,17 @@ class Validator:
         except Exception:
             log.exception("ingest.screen_failed samples=%d: checking each one", len(samples))
             # samples still bytes are decoded strictly first (their records opened again)
-            return {}, None, {id(o) for o in opened if isinstance(o.batch, RawBatch)}
+            return {}, None, {id(o): list(range(len(o.batch.samples))) for o in opened
+                              if isinstance(o.batch, RawBatch)}
         flagged = sorted(screened.suspects)
         out: dict[int, set[int]] = {}
         ends = np.cumsum([len(o.batch.samples) for o in opened], dtype=np.int64)
-        holders = np.searchsorted(ends, sorted(screened.undecodable), side="right")
-        undecodable = {id(opened[int(j)]) for j in holders}
+        bad = np.array(sorted(screened.undecodable), dtype=np.int64)
+        undecodable: dict[int, list[int]] = {}
+        for j, i in zip(np.searchsorted(ends, bad, side="right").tolist(), bad.tolist(),
+                        strict=True):
+            first = int(ends[j]) - len(opened[j].batch.samples)
+            undecodable.setdefault(id(opened[j]), []).append(i - first)
         start = k = 0
         for o in opened:
             end = start + len(o.batch.samples)
@@ -539,6 +567,45 @@ class Validator:
                 k += 1
             start = end
         return out, screened.table, undecodable
+
+    @staticmethod
+    def _cut(opened: list[tuple[Record, ValidationResult, _Opened | None]],
+             undecodable: dict[int, list[int]], suspects: dict[int, set[int]]) -> bool:
+        """Reject each sample the strict decoder refuses on its own (with the reason it
+        gives, as ``_salvage`` would) and put in ``opened`` its batch without them, its
+        suspects renumbered: the other samples stay screened, their rows of the table in
+        place (``_Opened.dropped`` names the rows cut). False, and nothing changed, when
+        one of them decodes after all (the records are then opened again, strictly)."""
+        cuts: list[tuple[int, _Opened, list[Rejection]]] = []
+        for j, (_, _, o) in enumerate(opened):
+            bad = undecodable.get(id(o)) if o is not None else None
+            if o is None or bad is None:
+                continue
+            rejected = []
+            for i in bad:
+                rec_bytes = bytes(o.batch.samples[i])
+                try:
+                    _DECODERS["msgpack"][GpuSample].decode(rec_bytes)
+                except _DECODE_ERRORS as exc:
+                    rejected.append(_undecoded("samples", i, rec_bytes, "msgpack", exc,
+                                               o.source))
+                    continue
+                return False
+            gone = set(bad)
+            left = [i for i in range(len(o.batch.samples)) if i not in gone]
+            renumber = {i: n for n, i in enumerate(left)}
+            indexes = {s: left if s == "samples" else list(range(len(getattr(o.batch, s))))
+                       for s, _ in _SECTIONS}
+            cut = _Opened(msgspec.structs.replace(o.batch, samples=[o.batch.samples[i]
+                                                                    for i in left]),
+                          o.source, _Slices(o.slices.raw, indexes=indexes), tuple(bad))
+            suspects[id(cut)] = {renumber[i] for i in suspects.get(id(o), ()) if i in renumber}
+            cuts.append((j, cut, rejected))
+        for j, cut, rejected in cuts:
+            rec, one, _ = opened[j]
+            one.rejections.extend(rejected)
+            opened[j] = (rec, one, cut)
+        return True
 
     def _check_envelope(self, batch: Batch | _LooseBatch, key: str,
                         undecoded: Sequence[Rejection]) -> Problem | None:
@@ -636,9 +703,7 @@ class Validator:
                     parts[section].append(_DECODERS[fmt][tp].decode(rec_bytes))
                     indexes[section].append(i)
                 except _DECODE_ERRORS as rec_exc:
-                    code, msg = _record_decode_problem(section, rec_bytes, fmt, rec_exc)
-                    bad.append(Rejection(code, f"{section}[{i}].{msg}",
-                                         f"{source}#{section}[{i}]", rec_bytes))
+                    bad.append(_undecoded(section, i, rec_bytes, fmt, rec_exc, source))
         if not bad:  # should not happen: decode_batch failed for a reason we cannot see
             return Rejection("invalid_envelope", exc.reason, source, raw)
         batch = Batch(schema_version=loose.schema_version, node=loose.node, seq=loose.seq,
