@@ -236,3 +236,28 @@ def test_a_restarted_worker_with_the_same_id_never_overwrites_its_files(tmp_path
     assert con.execute("SELECT count(*) FROM lake_telemetry").fetchone()[0] == 20 * GPUS
     names = sorted(p.name for p in (tmp_path / "telemetry").rglob("pod-0-*.parquet"))
     assert names == ["pod-0-00000001.parquet", "pod-0-00000002.parquet"]
+
+
+@pytest.mark.parametrize("layout", ["one hour", "ascending", "turning", "interleaved"])
+def test_rows_go_to_their_hour_in_table_order(layout: str) -> None:
+    """Each row lands in the partition of its hour, the rows of an hour in table order,
+    however the hours are laid out (runs are sliced, many runs sorted first)."""
+    from fleetcare.pipeline import lake
+
+    draw = random.Random(layout)
+    base = dt.datetime(2026, 2, 28, 22, 0)
+    minutes = {"one hour": lambda i: i % 60, "ascending": lambda i: i // 3,
+               "turning": lambda i: 55 + (i % 10) + (i // 50) * 5,
+               "interleaved": lambda i: draw.randrange(0, 300)}[layout]
+    ts = [base + dt.timedelta(minutes=minutes(i), seconds=i % 60) for i in range(600)]
+    table = pa.table({"ts": pa.array(ts, pa.timestamp("us")), "row": list(range(600))})
+    parts = list(lake._partitions(table, "ts"))
+    names = [name for name, _ in parts]
+    assert names == sorted(set(names))
+    got = {name: rows.column("row").to_pylist() for name, rows in parts}
+    want: dict[str, list[int]] = {}
+    for i, t in enumerate(ts):
+        want.setdefault(f"date={t:%Y-%m-%d}/hour={t:%H}", []).append(i)
+    assert got == want
+    if layout == "interleaved":
+        assert sum(1 for i in range(1, 600) if ts[i].hour != ts[i - 1].hour) > lake._MAX_RUNS

@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from fleetcare.collectors.contract import Batch
@@ -108,12 +108,31 @@ def write_atomic(table: pa.Table, path: Path, *, replace: bool = True) -> None:
     fsync_dir(path.parent)
 
 
+_HOUR_US = 3_600_000_000
+_EPOCH = dt.datetime(1970, 1, 1)
+_MAX_RUNS = 256
+
+
 def _partitions(table: pa.Table, time_column: str) -> Iterable[tuple[str, pa.Table]]:
-    """(``date=YYYY-MM-DD/hour=HH``, rows) for each hour present in ``table``."""
-    hours = pc.floor_temporal(table[time_column], unit="hour")
-    for hour in pc.unique(hours).to_pylist():
-        part = table.filter(pc.equal(hours, pa.scalar(hour, hours.type)))
-        yield f"date={hour:%Y-%m-%d}/hour={hour:%H}", part
+    """(``date=YYYY-MM-DD/hour=HH``, rows) for each hour present in ``table``, ascending,
+    its rows in table order. An hour's rows are slices of ``table`` (no copy: a poll's rows
+    come in runs of one hour, a few runs where the hour turns); more than ``_MAX_RUNS``
+    runs (rows of many hours interleaved) are sorted by hour once instead."""
+    ts = table[time_column]
+    if ts.type != pa.timestamp("us"):  # (the lake's time columns are; any other is cast)
+        ts = ts.cast(pa.timestamp("us"))
+    hours = np.floor_divide(ts.cast(pa.int64()).to_numpy(), _HOUR_US)
+    starts = np.concatenate(([0], np.flatnonzero(np.diff(hours)) + 1)).astype(np.int64)
+    if len(starts) > _MAX_RUNS:
+        order = np.argsort(hours, kind="stable")
+        table, hours = table.take(pa.array(order)), hours[order]
+        starts = np.concatenate(([0], np.flatnonzero(np.diff(hours)) + 1)).astype(np.int64)
+    runs: dict[int, list[pa.Table]] = {}
+    for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(hours)], strict=True):
+        runs.setdefault(int(hours[start]), []).append(table.slice(start, end - start))
+    for h in sorted(runs):
+        hour = _EPOCH + dt.timedelta(hours=h)
+        yield f"date={hour:%Y-%m-%d}/hour={hour:%H}", pa.concat_tables(runs[h])
 
 
 class LakeWriter:
