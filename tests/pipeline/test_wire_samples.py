@@ -226,7 +226,8 @@ def sample_bytes(draw: st.DrawFn) -> bytes:
 
 
 TRICKY = [None, 0, 1, -1, True, False, 1.0, math.nan, "", "x", [], [1], [True], {},
-          2**63, 2**64 - 1, -(2**63), NOW, b"\xca\x3f\x80\x00\x00", b"\xd3" + bytes(8)]
+          2**63, 2**64 - 1, -(2**63), NOW, b"\xca\x3f\x80\x00\x00", b"\xd3" + bytes(8),
+          [-1, 0, 127, -32], [5, -3] * 9, [0, True], [True, 0], [None], [0, 128, -33]]
 
 
 @pytest.mark.parametrize("name", FIELDS)

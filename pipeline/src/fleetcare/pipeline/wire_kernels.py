@@ -70,8 +70,11 @@ def _field(buf: np.ndarray, p: int, klen: int, names: np.ndarray, name_at: np.nd
     """The index of the field whose name is the ``klen`` bytes at ``p``, or -1; fields
     are tried from ``guess`` on (msgspec writes them in order)."""
     nf = len(name_at) - 1
-    for t in range(nf):
-        f = (guess + t) % nf
+    f = guess - 1
+    for _ in range(nf):
+        f += 1
+        if f >= nf:  # (not ``% nf``: a division for every key)
+            f = 0
         lo = name_at[f]
         if name_at[f + 1] - lo != klen:
             continue
@@ -316,6 +319,26 @@ def walk(buf: np.ndarray, starts: np.ndarray, ends: np.ndarray, names: np.ndarra
                 if o + n > items.shape[1]:
                     _take_back(str_end, str_mark, item_end, item_mark)
                     return i
+                dst = items[row]
+                if p + n <= end:  # the common list first: every item one byte
+                    j = 0
+                    while j < n:
+                        b = buf[p + j]
+                        if k == BOOL_LIST:
+                            if b != 0xC2 and b != 0xC3:
+                                break
+                            dst[o + j] = b == 0xC3
+                        else:
+                            if b >= 0x80 and b < 0xE0:
+                                break
+                            dst[o + j] = np.int64(b) if b < 0x80 else np.int64(b) - 256
+                        j += 1
+                    if j == n:
+                        item_end[row] = o + n
+                        size[slot[f], i] = n
+                        p += n
+                        present[f, i] = True
+                        continue
                 for j in range(n):
                     if p >= end:
                         good = False
