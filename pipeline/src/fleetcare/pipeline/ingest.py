@@ -31,8 +31,8 @@ import pyarrow as pa
 
 from fleetcare.collectors.contract import Batch
 from fleetcare.collectors.transport import BusConsumer, Record
-from fleetcare.pipeline.arrow_memory import retain_freed
 from fleetcare.pipeline.gc_pause import gc_paused
+from fleetcare.pipeline.poll_memory import retain_freed
 from fleetcare.pipeline.record_checks import clip
 from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.validate import (
@@ -81,7 +81,7 @@ class Ingestor:
         self.validator = validator if validator is not None else Validator()
         self.counters: Counter[str] = Counter()
         self.quarantined_by_code: Counter[str] = Counter()
-        retain_freed()  # (a poll's column memory reused by the next: ``arrow_memory``)
+        retain_freed()  # (a poll's column memory reused by the next: ``poll_memory``)
 
     def run_once(self, timeout_s: float = 1.0) -> IngestResult:
         records = self.consumer.poll(timeout_s, self.max_records)

@@ -1,0 +1,82 @@
+"""Memory for ingest: a poll's freed buffers kept for the next poll, not given back.
+
+A poll of Kafka samples becomes ~1.5 KB of Arrow column memory a sample (numbers, string
+bytes, NVLink items; ``wire_samples``) plus a copy of its bytes, held until the sink lands
+it (the lake buffers several polls until a flush) and then freed. Arrow's default pool
+(mimalloc) hands freed large blocks back to the operating system, and so does glibc's
+malloc for any block past its mmap threshold (32 MiB at most: a poll's bytes are ~50 MB);
+every poll then takes fresh pages. Where a fresh page is costly (here, a VM whose host
+reclaims freed guest memory: ~3-6 ms a MB on first touch) that was most of the decode:
+one lake worker spent 3.7-4.5 s of CPU in the compiled walk over 491,520 samples with
+mimalloc and 1.0-1.9 s with jemalloc keeping freed pages (``bench/bench_pipeline_ingest.py``,
+README).
+
+``retain_freed()`` (once a process):
+
+- makes jemalloc Arrow's default pool with a decay of ``DECAY_MS`` (freed pages go back to
+  the system only after that long unused: an idle worker does not keep its peak); nothing
+  when ``ARROW_DEFAULT_MEMORY_POOL`` names a pool (the operator's choice wins) or this
+  pyarrow has no jemalloc;
+- on glibc, serves blocks up to ``HEAP_BLOCK`` from the heap rather than fresh mappings,
+  and gives the heap's free top back only past ``2 * HEAP_BLOCK``; nothing when
+  ``MALLOC_MMAP_THRESHOLD_`` is set or the C library is not glibc.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+
+import pyarrow as pa
+
+log = logging.getLogger(__name__)
+
+DECAY_MS = 10_000
+"""How long jemalloc keeps freed pages: well above the time between polls."""
+HEAP_BLOCK = 256 << 20
+"""glibc: blocks up to this size from the heap (a poll's bytes are ~50 MB)."""
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # (glibc's mallopt parameters)
+
+_lock = threading.Lock()
+_done: dict[str, str] | None = None
+
+
+def retain_freed() -> dict[str, str]:
+    """Keep freed poll memory (see the module docstring); returns what was chosen:
+    ``{"arrow": backend, "malloc": "heap up to N MiB" | "default"}``."""
+    global _done
+    with _lock:
+        if _done is None:
+            _done = {"arrow": _arrow_pool(), "malloc": _glibc_heap()}
+            log.debug("ingest.memory arrow=%(arrow)s malloc=%(malloc)s", _done)
+        return _done
+
+
+def _arrow_pool() -> str:
+    if not os.environ.get("ARROW_DEFAULT_MEMORY_POOL"):
+        try:
+            pool = pa.jemalloc_memory_pool()
+            pa.jemalloc_set_decay_ms(DECAY_MS)
+        except (NotImplementedError, pa.ArrowException) as exc:
+            log.info("arrow.pool_default reason=%s", exc)
+        else:
+            pa.set_memory_pool(pool)
+    return pa.default_memory_pool().backend_name
+
+
+def _glibc_heap() -> str:
+    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
+        return "default"
+    try:
+        libc = ctypes.CDLL(None)
+        if not hasattr(libc, "gnu_get_libc_version"):
+            return "default"
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return "default"
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    if mallopt(_M_TRIM_THRESHOLD, 2 * HEAP_BLOCK) and mallopt(_M_MMAP_THRESHOLD, HEAP_BLOCK):
+        return f"heap up to {HEAP_BLOCK >> 20} MiB"
+    return "default"
