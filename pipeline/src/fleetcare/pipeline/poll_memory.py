@@ -17,27 +17,25 @@ README).
   the system only after that long unused: an idle worker does not keep its peak); nothing
   when ``ARROW_DEFAULT_MEMORY_POOL`` names a pool (the operator's choice wins) or this
   pyarrow has no jemalloc;
-- on glibc, serves blocks up to ``HEAP_BLOCK`` from the heap rather than fresh mappings,
-  and gives the heap's free top back only past ``2 * HEAP_BLOCK``; nothing when
-  ``MALLOC_MMAP_THRESHOLD_`` is set or the C library is not glibc.
+- on glibc, keeps large freed blocks for the next poll (``collectors.heap``: blocks up to
+  256 MiB from the heap, not fresh mappings); nothing when ``MALLOC_MMAP_THRESHOLD_`` is
+  set or the C library is not glibc.
 """
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import threading
 
 import pyarrow as pa
 
+from fleetcare.collectors.heap import keep_freed_blocks
+
 log = logging.getLogger(__name__)
 
 DECAY_MS = 10_000
 """How long jemalloc keeps freed pages: well above the time between polls."""
-HEAP_BLOCK = 256 << 20
-"""glibc: blocks up to this size from the heap (a poll's bytes are ~50 MB)."""
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # (glibc's mallopt parameters)
 
 _lock = threading.Lock()
 _done: dict[str, str] | None = None
@@ -49,7 +47,7 @@ def retain_freed() -> dict[str, str]:
     global _done
     with _lock:
         if _done is None:
-            _done = {"arrow": _arrow_pool(), "malloc": _glibc_heap()}
+            _done = {"arrow": _arrow_pool(), "malloc": keep_freed_blocks()}
             log.debug("ingest.memory arrow=%(arrow)s malloc=%(malloc)s", _done)
         return _done
 
@@ -64,19 +62,3 @@ def _arrow_pool() -> str:
         else:
             pa.set_memory_pool(pool)
     return pa.default_memory_pool().backend_name
-
-
-def _glibc_heap() -> str:
-    if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
-        return "default"
-    try:
-        libc = ctypes.CDLL(None)
-        if not hasattr(libc, "gnu_get_libc_version"):
-            return "default"
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return "default"
-    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    if mallopt(_M_TRIM_THRESHOLD, 2 * HEAP_BLOCK) and mallopt(_M_MMAP_THRESHOLD, HEAP_BLOCK):
-        return f"heap up to {HEAP_BLOCK >> 20} MiB"
-    return "default"

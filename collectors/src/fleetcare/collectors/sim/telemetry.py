@@ -30,6 +30,7 @@ import msgspec
 import numpy as np
 
 from fleetcare.collectors.contract import GpuSample, Incident, XidEvent, utc
+from fleetcare.collectors.heap import keep_freed_blocks
 from fleetcare.collectors.sim.counters import Counters
 from fleetcare.collectors.sim.episodes import (
     FLAP_S,
@@ -390,6 +391,7 @@ class FleetSimulator:
         self.episodes = build_episodes(plan)
         self.port_events: PortEvents | None = (build_port_events(plan) if spec.nic_ports
                                                else None)
+        keep_freed_blocks()  # (each chunk's arrays reuse the last one's: ``heap``)
 
     def groups(self, nodes: np.ndarray | None = None) -> list[Group]:
         """One ``Group`` per GPU model among ``nodes`` (default: all), in model order."""
