@@ -261,3 +261,4 @@ def test_rows_go_to_their_hour_in_table_order(layout: str) -> None:
     assert got == want
     if layout == "interleaved":
         assert sum(1 for i in range(1, 600) if ts[i].hour != ts[i - 1].hour) > lake._MAX_RUNS
+    assert list(lake._partitions(table.slice(0, 0), "ts")) == []

@@ -122,6 +122,8 @@ def _partitions(table: pa.Table, time_column: str) -> Iterable[tuple[str, pa.Tab
     if ts.type != pa.timestamp("us"):  # (the lake's time columns are; any other is cast)
         ts = ts.cast(pa.timestamp("us"))
     hours = np.floor_divide(ts.cast(pa.int64()).to_numpy(), _HOUR_US)
+    if not len(hours):
+        return
     starts = np.concatenate(([0], np.flatnonzero(np.diff(hours)) + 1)).astype(np.int64)
     if len(starts) > _MAX_RUNS:
         order = np.argsort(hours, kind="stable")
