@@ -451,7 +451,7 @@ class Validator:
         suspects, table, undecodable = self._screen(first, now)
         if undecodable and table is not None and self._cut(opened, undecodable, suspects):
             undecodable = {}  # each such sample rejected on its own, the rest kept screened
-        if undecodable:  # screened without a table: the records opened again, strictly
+        if undecodable:  # (no table, or one decodes after all): records opened again, strictly
             fresh: list[_Opened] = []
             for j, (rec, _, o) in enumerate(opened):
                 if o is not None and id(o) in undecodable:
