@@ -395,17 +395,22 @@ def _poll(draw: st.DrawFn) -> list[Record]:
     return records
 
 
+@pytest.mark.parametrize("cut", [True, False], ids=["cut", "opened-again"])
 @settings(max_examples=300, deadline=None, derandomize=True)
-@given(_poll())
+@given(records=_poll())
 def test_samples_msgspec_refuses_are_cut_as_the_strict_decoder_rejects_them(
-        records: list[Record]) -> None:
+        cut: bool, records: list[Record]) -> None:
     """A sample msgspec refuses in a record read with its samples as bytes is rejected on
     its own, and the rest of the poll lands exactly as when every record is decoded
-    strictly: the same rejections (code, reason, source, bytes), batches and table."""
+    strictly: the same rejections (code, reason, source, bytes), batches and table. So
+    does the fallback when a cut is refused (its records opened again strictly)."""
     from fleetcare.pipeline import validate
     from fleetcare.pipeline.wire_columns import full_batch
 
-    got = validator().validate(records)
+    checker = validator()
+    if not cut:
+        checker._cut = lambda *args: False  # type: ignore[method-assign]
+    got = checker.validate(records)
     wire = validate._wire
     try:
         validate._wire = lambda raw: None  # every record decoded strictly (the reference)

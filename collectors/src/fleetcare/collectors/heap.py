@@ -17,29 +17,19 @@ process keeps at most its peak. It does nothing when ``MALLOC_MMAP_THRESHOLD_`` 
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
-import threading
 
 HEAP_BLOCK = 256 << 20
 """Blocks up to this size come from the heap (a poll's bytes are ~50 MB, a chunk's
 arrays up to ~40 MB each)."""
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # (glibc's mallopt parameters)
 
-_lock = threading.Lock()
-_chosen: str | None = None
 
-
+@functools.cache
 def keep_freed_blocks() -> str:
     """Keep large freed blocks (see the module docstring); returns what was chosen:
     ``"heap up to N MiB"`` or ``"default"``."""
-    global _chosen
-    with _lock:
-        if _chosen is None:
-            _chosen = _mallopt()
-        return _chosen
-
-
-def _mallopt() -> str:
     if os.environ.get("MALLOC_MMAP_THRESHOLD_"):
         return "default"
     try:

@@ -124,13 +124,13 @@ def _partitions(table: pa.Table, time_column: str) -> Iterable[tuple[str, pa.Tab
     hours = np.floor_divide(ts.cast(pa.int64()).to_numpy(), _HOUR_US)
     if not len(hours):
         return
-    starts = np.concatenate(([0], np.flatnonzero(np.diff(hours)) + 1)).astype(np.int64)
-    if len(starts) > _MAX_RUNS:
+    cuts = np.flatnonzero(np.diff(hours)) + 1  # where the hour changes
+    if len(cuts) >= _MAX_RUNS:
         order = np.argsort(hours, kind="stable")
         table, hours = table.take(pa.array(order)), hours[order]
-        starts = np.concatenate(([0], np.flatnonzero(np.diff(hours)) + 1)).astype(np.int64)
+        cuts = np.flatnonzero(np.diff(hours)) + 1
     runs: dict[int, list[pa.Table]] = {}
-    for start, end in zip(starts.tolist(), [*starts[1:].tolist(), len(hours)], strict=True):
+    for start, end in zip([0, *cuts.tolist()], [*cuts.tolist(), len(hours)], strict=True):
         runs.setdefault(int(hours[start]), []).append(table.slice(start, end - start))
     for h in sorted(runs):
         hour = _EPOCH + dt.timedelta(hours=h)

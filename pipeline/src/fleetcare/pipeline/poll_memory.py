@@ -24,9 +24,9 @@ README).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
-import threading
 
 import pyarrow as pa
 
@@ -37,19 +37,14 @@ log = logging.getLogger(__name__)
 DECAY_MS = 10_000
 """How long jemalloc keeps freed pages: well above the time between polls."""
 
-_lock = threading.Lock()
-_done: dict[str, str] | None = None
 
-
+@functools.cache
 def retain_freed() -> dict[str, str]:
     """Keep freed poll memory (see the module docstring); returns what was chosen:
     ``{"arrow": backend, "malloc": "heap up to N MiB" | "default"}``."""
-    global _done
-    with _lock:
-        if _done is None:
-            _done = {"arrow": _arrow_pool(), "malloc": keep_freed_blocks()}
-            log.debug("ingest.memory arrow=%(arrow)s malloc=%(malloc)s", _done)
-        return _done
+    done = {"arrow": _arrow_pool(), "malloc": keep_freed_blocks()}
+    log.debug("ingest.memory arrow=%(arrow)s malloc=%(malloc)s", done)
+    return done
 
 
 def _arrow_pool() -> str:

@@ -323,8 +323,7 @@ def _columns(samples: Sequence[Any]) -> tuple[Columns, set[int]] | set[int]:
     objects, undecodable = _as_objects([samples[i] for i in slow_rows])
     while True:  # (a list that is not one: that sample is undecodable too, the rest again)
         good = [i for i in range(len(objects)) if i not in undecodable]
-        slow = (_object_columns([objects[i] for i in good]) if good
-                else (_empty(), None, LinkColumns.of(_empty()), set()))
+        slow = _object_columns([objects[i] for i in good]) if good else _empty()
         if not isinstance(slow, set):
             break
         undecodable |= {good[i] for i in slow}
@@ -343,8 +342,10 @@ def _columns(samples: Sequence[Any]) -> tuple[Columns, set[int]] | set[int]:
     return (merged, None, LinkColumns.of(merged), set()), {int(i) for i in bad_rows}
 
 
-def _empty() -> dict[str, pa.Array]:
-    return {f.name: pa.array([], f.type) for f in SAMPLE_SCHEMA}
+def _empty() -> Columns:
+    """The columns of no sample."""
+    arrays = {f.name: pa.array([], f.type) for f in SAMPLE_SCHEMA}
+    return arrays, None, LinkColumns.of(arrays), set()
 
 
 def _as_objects(samples: Sequence[Any]) -> tuple[list[Any], set[int]]:

@@ -382,27 +382,6 @@ def _landed(opened: _Opened, kept: Batch | None) -> list[bool]:
     return marks
 
 
-def _rows_of(batches: Sequence[Any], *parts: tuple[Sequence[Any], pa.Table | None]
-             ) -> pa.Table | None:
-    """The sample rows of ``batches`` (``_Opened``, in order) taken from the tables that
-    screened them (``parts``: each the batches it screened, in order, and its table);
-    None when one of those tables is None."""
-    at: dict[int, tuple[int, int]] = {}  # batch -> (its first row in the tables, count)
-    tables, base = [], 0
-    for screened, table in parts:
-        if table is None:
-            return None
-        row = base
-        for o in screened:
-            at[id(o)] = (row, len(o.batch.samples))
-            row += len(o.batch.samples)
-        tables.append(table)
-        base += table.num_rows
-    rows = [range(start, start + n) for start, n in map(at.__getitem__, map(id, batches))]
-    index = np.fromiter((i for r in rows for i in r), dtype=np.int64)
-    return pa.concat_tables(tables).take(index)
-
-
 @dataclass(frozen=True, slots=True, eq=False)
 class _Opened:
     """A decoded batch whose envelope passed, waiting for its records' checks (a
@@ -447,30 +426,21 @@ class Validator:
             except Exception as exc:
                 log.exception("ingest.validation_failed source=%s", source_of(rec))
                 opened.append((rec, ValidationResult(rejections=[unexpected(rec, exc)]), None))
-        first = [o for _, _, o in opened if o is not None]
-        suspects, table, undecodable = self._screen(first, now)
+        suspects, table, undecodable = self._screen(
+            [o for _, _, o in opened if o is not None], now)
         if undecodable and table is not None and self._cut(opened, undecodable, suspects):
             undecodable = {}  # each such sample rejected on its own, the rest kept screened
-        if undecodable:  # (no table, or one decodes after all): records opened again, strictly
-            fresh: list[_Opened] = []
+        if undecodable:  # (no table, or one decodes after all: rare) opened again, strictly
             for j, (rec, _, o) in enumerate(opened):
                 if o is not None and id(o) in undecodable:
                     one = ValidationResult()
                     try:
-                        again = self._open(rec, one, strict=True)
-                        opened[j] = (rec, one, again)
-                        fresh += [again] if again is not None else []
+                        opened[j] = (rec, one, self._open(rec, one, strict=True))
                     except Exception as exc:
                         log.exception("ingest.validation_failed source=%s", o.source)
                         opened[j] = (rec, ValidationResult(rejections=[unexpected(rec, exc)]),
                                      None)
-            final = [o for _, _, o in opened if o is not None]
-            if table is None:  # nothing screened to keep: all again
-                suspects, table, _ = self._screen(final, now)
-            else:  # only the records opened again (the rest screened already)
-                more, fresh_table, _ = self._screen(fresh, now)
-                suspects.update(more)
-                table = _rows_of(final, (first, table), (fresh, fresh_table))
+            suspects, table, _ = self._screen([o for _, _, o in opened if o is not None], now)
         result = ValidationResult()
         keep: list[bool] = []  # per screened sample: landed (its row of ``table`` kept)
         for rec, one, o in opened:
