@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import multiprocessing as mp
 import random
@@ -71,6 +72,11 @@ def client(base: str, token: str, nodes: list[str], rate: float, duration: float
     from urllib.parse import urlsplit
 
     where = urlsplit(base)
+    # The client's own collector must not stall the schedule: its first full pass over
+    # the modules a spawned process imported (numpy, pyarrow, fleetcare) took 70-100 ms
+    # at the start of every phase, counted against the server. As the server does.
+    gc.collect()
+    gc.freeze()
     n = int(rate * duration)
     start = time.perf_counter() + 0.5
     deadline = start + duration + 10.0

@@ -97,3 +97,86 @@ def test_node_page_shows_a_new_sample_within_the_freshness_interval(tmp_path, se
     time.sleep(0.35)
     assert client.get("/v1/nodes/n1").json()["gpus"][0]["telemetry"]["gpu_temp_c"] == 61.0
     assert [n["node"] for n in client.get("/v1/risk").json()["nodes"]] == ["n2", "n1"]
+
+
+def test_samples_at_the_newest_ts_seen_show_within_the_refresh_interval(store: Store) -> None:
+    """A fleet's agents report at the same second and their samples land over many polls:
+    one landing after a refresh, at the newest ts already seen, is not "late" (regression:
+    it waited for the next slack scan, up to SLACK_EVERY_S)."""
+    clock = Clock()
+    mem = LatestSamples(refresh_s=1.0, clock=clock)
+    cur = store.cursor()
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 5, 60.0)])
+    assert [s["gpu_temp_c"] for s in mem.for_node(cur, "n1", at(0))] == [60.0]
+    for k, (uuid, index, temp) in enumerate([("GPU-b", 1, 61.0), ("GPU-c", 2, 62.0)], 1):
+        store.insert_sample_records([sample("n1", uuid, index, 5, temp)])  # the same ts
+        clock.t = float(k)  # a refresh interval, far from a slack scan
+        assert mem.for_node(cur, "n1", at(0)) == from_table(store, "n1", at(0))
+        assert len(mem.for_node(cur, "n1", at(0))) == k + 1
+    # newer samples after ties: the newest each, and ties at the new newest ts again
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 6, 70.0)])
+    clock.t = 3.0
+    assert [s["gpu_temp_c"] for s in mem.for_node(cur, "n1", at(0))] == [70.0, 61.0, 62.0]
+    store.insert_sample_records([sample("n1", "GPU-b", 1, 6, 71.0),
+                                 sample("n1", "GPU-c", 2, 6, 72.0)])
+    clock.t = 4.0
+    assert mem.for_node(cur, "n1", at(0)) == from_table(store, "n1", at(0))
+    assert [s["gpu_temp_c"] for s in mem.for_node(cur, "n1", at(0))] == [70.0, 71.0, 72.0]
+
+
+def test_readers_do_not_wait_for_the_refresher_to_write_its_json(store: Store,
+                                                                 monkeypatch) -> None:
+    """A slack scan can take thousands of GPUs at once (~20 µs of JSON each): readers keep
+    getting the held samples meanwhile (regression: they waited on the data lock for all
+    of it, ~0.3 s at 16,384 GPUs, and so did every request queued behind them)."""
+    import json as real_json
+    import threading
+
+    from fleetcare.api import latest_samples
+
+    clock = Clock()
+    mem = LatestSamples(refresh_s=1.0, clock=clock)
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 5, 60.0)])
+    assert len(mem.for_node(store.cursor(), "n1", at(0))) == 1
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 6, 61.0)])
+    writing, release = threading.Event(), threading.Event()
+
+    class SlowJson:
+        loads = staticmethod(real_json.loads)
+
+        @staticmethod
+        def dumps(*args, **kwargs):
+            writing.set()
+            assert release.wait(10)
+            return real_json.dumps(*args, **kwargs)
+
+    monkeypatch.setattr(latest_samples, "json", SlowJson)
+    clock.t = 1.0
+    refresher = threading.Thread(target=mem.for_node, args=(store.cursor(), "n1", at(0)))
+    refresher.start()
+    try:
+        assert writing.wait(10)
+        got: list = []
+        reader = threading.Thread(target=lambda: got.append(
+            mem.for_node(store.cursor(), "n1", at(0))))
+        reader.start()
+        reader.join(2)
+        assert not reader.is_alive(), "the reader waited for the refresher's JSON"
+        assert [s["gpu_temp_c"] for s in got[0]] == [60.0]  # the held one meanwhile
+    finally:
+        release.set()
+        refresher.join(10)
+    assert [s["gpu_temp_c"] for s in mem.for_node(store.cursor(), "n1", at(0))] == [61.0]
+
+
+def test_non_finite_values_are_null_as_the_table_read_gives_them(store: Store) -> None:
+    clock = Clock()
+    mem = LatestSamples(refresh_s=1.0, clock=clock)
+    cur = store.cursor()
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 5, 60.0)])
+    assert mem.for_node(cur, "n1", at(0))[0]["gpu_temp_c"] == 60.0
+    for k, bad in enumerate([float("nan"), float("inf"), -float("inf")], 1):
+        store.insert_sample_records([sample("n1", "GPU-a", 0, 5 + k, bad)])
+        clock.t = float(k)
+        got = mem.for_node(cur, "n1", at(0))
+        assert got == from_table(store, "n1", at(0)) and got[0]["gpu_temp_c"] is None
