@@ -259,7 +259,7 @@ def main() -> None:
         setup_s = time.perf_counter() - t0
 
         token, _ = auth.create_token(store.cursor(), "read", name="bench")
-        app = create_app(store)
+        app = create_app(store, keep_fresh=True)  # as `serve` does
         server, thread = start_server_thread(app, freeze=True)  # as `serve` does
         base = f"http://127.0.0.1:{bound_port(server)}"
 

@@ -5,7 +5,10 @@ to date incrementally, and honest about what it cannot tell. Real DuckDB file.""
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
+
+import pytest
 
 from fleetcare.api import queries
 from fleetcare.api.latest_samples import SLACK, SLACK_EVERY_S, WINDOW, LatestSamples
@@ -81,15 +84,18 @@ def test_memory_answers_what_the_table_answers_as_samples_arrive(store: Store) -
     assert mem.for_node(cur, "n1", since, kind="lake") is None  # another source: not held
 
 
+@pytest.mark.parametrize("keep_fresh", [False, True], ids=["by-request", "kept"])
 def test_node_page_shows_a_new_sample_within_the_freshness_interval(tmp_path, serve_app,
-                                                                     fleet, store) -> None:
+                                                                     fleet, store,
+                                                                     keep_fresh) -> None:
     """Production default: rarely changing reads are checked at most every freshness_s;
-    a score or a sample written by another process shows within it."""
+    a score or a sample written by another process shows within it (kept: the samples by
+    a keeper thread, as ``serve`` runs them)."""
     fleet.node_score("n1", 0.4, ts=T0)
     store.con.execute("INSERT INTO gpu_scores VALUES (?, 'n1', 'GPU-a', 0, 'NVIDIA H100 80GB "
                       "HBM3', 0.4, '[]', 'm1')", [at(0)]).fetchall()
     store.insert_sample_records([sample("n1", "GPU-a", 0, 0, 60.0)])
-    client = serve_app(store, freshness_s=0.3)
+    client = serve_app(store, freshness_s=0.3, keep_fresh=keep_fresh)
     page = client.get("/v1/nodes/n1").json()
     assert page["gpus"][0]["telemetry"]["gpu_temp_c"] == 60.0
     store.insert_sample_records([sample("n1", "GPU-a", 0, 1, 61.0)])
@@ -130,7 +136,6 @@ def test_readers_do_not_wait_for_the_refresher_to_write_its_json(store: Store,
     getting the held samples meanwhile (regression: they waited on the data lock for all
     of it, ~0.3 s at 16,384 GPUs, and so did every request queued behind them)."""
     import json as real_json
-    import threading
 
     from fleetcare.api import latest_samples
 
@@ -180,3 +185,43 @@ def test_non_finite_values_are_null_as_the_table_read_gives_them(store: Store) -
         clock.t = float(k)
         got = mem.for_node(cur, "n1", at(0))
         assert got == from_table(store, "n1", at(0)) and got[0]["gpu_temp_c"] is None
+
+
+def _until(check, timeout_s: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_a_keeper_thread_refreshes_so_that_no_request_pays(store: Store) -> None:
+    clock = Clock()  # frozen: no request ever finds the memory due
+    mem = LatestSamples(refresh_s=0.05, clock=clock)
+    cur = store.cursor()
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 5, 60.0)])
+    mem.warm(cur)
+    keeper = mem.keep(store.cursor)
+    try:
+        store.insert_sample_records([sample("n1", "GPU-a", 0, 6, 61.0)])
+        assert _until(lambda: mem.for_node(cur, "n1", at(0))[0]["gpu_temp_c"] == 61.0)
+    finally:
+        mem.stop()
+        keeper.join(5)
+    assert not keeper.is_alive()
+    # the keeper gone, requests refresh again once the memory is due
+    store.insert_sample_records([sample("n1", "GPU-a", 0, 7, 62.0)])
+    clock.t = 1.0
+    assert mem.for_node(cur, "n1", at(0))[0]["gpu_temp_c"] == 62.0
+
+
+def test_the_keeper_ends_when_the_database_closes(tmp_path) -> None:
+    own = Store(tmp_path / "own.duckdb")
+    own.insert_sample_records([sample("n1", "GPU-a", 0, 5, 60.0)])
+    mem = LatestSamples(refresh_s=0.05)
+    keeper = mem.keep(own.cursor)
+    assert _until(lambda: mem.refreshes >= 2)
+    own.close()
+    keeper.join(5)
+    assert not keeper.is_alive()

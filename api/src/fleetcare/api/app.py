@@ -237,7 +237,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
                simulated: bool | None = None, drains: Any = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                ingest: Callable[[], Iterable[Family]] | None = None,
-               freshness_s: float = 1.0) -> FastAPI:
+               freshness_s: float = 1.0, keep_fresh: bool = False) -> FastAPI:
     """The API over ``store``.
 
     ``drains``: the service's ``DrainController``, for ``POST /v1/drains/{node}/clear``
@@ -255,6 +255,9 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
     served from memory before it is checked again (the latest scores' and labels' version,
     the tables, the SIMULATED flag, each GPU's newest sample): writes made outside this
     process show within it; 0 checks on every request (tests that write, then read).
+    ``keep_fresh``: the held samples are refreshed by a thread of their own rather than by
+    the request that finds them a ``freshness_s`` old (the service: ``fleetcare serve``,
+    the demo; it ends when ``store`` closes).
     """
     version = _version()
     app = FastAPI(
@@ -283,6 +286,8 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
             ctx.samples.warm(cur)
         finally:
             cur.close()
+        if keep_fresh and freshness_s > 0:
+            ctx.samples.keep(store.cursor)
     docs.mount(app)
 
     @app.exception_handler(duckdb.Error)

@@ -67,7 +67,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     try:
         serve(create_app(store, auth=not args.no_auth, drains=drains,
                          max_body_bytes=cfg.max_body_bytes,
-                         ingest=svc.families),
+                         ingest=svc.families, keep_fresh=True),
               host=host, port=listen)
     finally:
         svc.stop()
