@@ -1,6 +1,7 @@
 """The simulator's batched paths give exactly what the simple ones give.
 
-``Counters`` advances the GPUs without a repair in the interval all together, and
+``Counters`` advances the GPUs it touches in two batches (those with a repair or
+replacement in the interval, and the others), and
 ``Group.step`` builds only the rows of nodes that are up. Each is checked here against
 the simple path it replaces, on a fleet with many failures, repairs and precursors.
 """
@@ -34,18 +35,26 @@ def tick_runs():
 def test_counters_batched_path_equals_per_gpu_path(sim, monkeypatch):
     fast = sim.groups()[0].counters
     slow = FleetSimulator(SPEC, sim.plan).groups()[0].counters
-    seen = {"gpus": 0, "nv_flit": 0, "episodes": 0}
+    seen = {"gpus": 0, "nv_flit": 0, "episodes": 0, "repaired": 0, "replaced": 0}
 
-    def per_gpu(self, gs, ticks, t_prev, eps, ep_g, benign, out):
-        none = np.zeros(len(self.reset_t), bool), np.zeros(len(self.repl_t), bool)
+    def per_gpu(self, gs, ticks, t_prev, eps, ep_g, benign, out, resets=None):
+        """The reference: each GPU on its own grid, with the interval's resets (the
+        same masks ``advance`` makes) when the batch is of GPUs that see one."""
+        inside = (lambda t: (t > t_prev) & (t <= ticks[-1])) if resets is not None else (
+            lambda t: np.zeros(len(t), bool))
         for g in gs.tolist():
-            self._advance_gpu(g, ticks, t_prev, *none, eps, ep_g, benign, out)
+            self._advance_gpu(g, ticks, t_prev, inside(self.reset_t), inside(self.repl_t),
+                              eps, ep_g, benign, out)
 
-    def counting(self, gs, ticks, t_prev, eps, ep_g, benign, out):
+    def counting(self, gs, ticks, t_prev, eps, ep_g, benign, out, resets=None):
         seen["gpus"] += len(gs)
         seen["nv_flit"] += int(np.isin(benign["nv_flit"][0], gs).sum())
         seen["episodes"] += int(np.isin(ep_g, gs).sum())
-        return Counters._advance_plain(self, gs, ticks, t_prev, eps, ep_g, benign, out)
+        if resets is not None:
+            seen["repaired"] += int(np.isin(self.nodes_of[gs], resets[1]).sum())
+            seen["replaced"] += int(np.isin(gs, resets[3]).sum())
+        return Counters._advance_plain(self, gs, ticks, t_prev, eps, ep_g, benign, out,
+                                       resets)
 
     monkeypatch.setattr(slow, "_advance_plain", per_gpu.__get__(slow))
     monkeypatch.setattr(fast, "_advance_plain", counting.__get__(fast))
@@ -56,8 +65,10 @@ def test_counters_batched_path_equals_per_gpu_path(sim, monkeypatch):
             assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), (k, ticks[0])
     for k in fast.state:
         assert np.array_equal(fast.state[k], slow.state[k]), k
-    # the batched path did real work: benign NVLink events and precursor episodes
+    # the batched path did real work: benign NVLink events, precursor episodes, GPUs of
+    # repaired nodes and replaced GPUs
     assert seen["gpus"] > 100 and seen["nv_flit"] > 0 and seen["episodes"] > 50
+    assert seen["repaired"] > 20 and seen["replaced"] > 0, seen
 
 
 def test_rows_of_down_nodes_are_the_full_rows_left_out(sim, monkeypatch):

@@ -5,10 +5,11 @@ in between: benign events (sparse Poisson, per-GPU rates) and precursor curves
 (``Episodes.cumulative``). Volatile counters (ECC volatile, PCIe replay, NVLink) reset
 when the node is repaired (rebooted); aggregate ones (ECC aggregate, remapped rows)
 only when the GPU is replaced. Only GPUs touched by an event, an episode or a reset are
-computed; all others repeat their state, so a tick costs O(GPUs). The touched GPUs with
-no repair or replacement in the interval are computed together on one time grid
-(``_advance_plain``); the few with one, each on its own grid (``_advance_gpu``): both
-give the same integers (tests/collectors/test_sim_fast_paths.py).
+computed; all others repeat their state, so a tick costs O(GPUs). The touched GPUs are
+computed together on one time grid (``_advance_plain``), those with a repair or
+replacement in the interval in a second batch whose grid holds those times; the
+per-GPU path (``_advance_gpu``, each GPU on its own grid) is the reference both must
+equal (tests/collectors/test_sim_fast_paths.py).
 
 Benign events are a fixed function of (seed, day): each day's events of the whole fleet
 are drawn from a generator seeded by the day alone, then this group keeps its GPUs'. So
@@ -136,8 +137,9 @@ class Counters:
         # are computed together; the few with one take the per-GPU path below
         touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
         self._advance_plain(special[~touched], ticks, t_prev, eps, ep_g, benign, out)
-        for g in special[touched].tolist():
-            self._advance_gpu(g, ticks, t_prev, rs, rp, eps, ep_g, benign, out)
+        self._advance_plain(special[touched], ticks, t_prev, eps, ep_g, benign, out,
+                            resets=(self.reset_t[rs], self.reset_node[rs],
+                                    self.repl_t[rp], self.repl_gpu[rp]))
         self.t = t_end
         return out.cols
 
@@ -189,14 +191,19 @@ class Counters:
 
     def _advance_plain(self, gs: np.ndarray, ticks: np.ndarray, t_prev: float,
                        eps: np.ndarray, ep_g: np.ndarray, benign: dict,
-                       out: _Rows) -> None:
-        """``advance`` for GPUs ``gs`` (sorted, unique) that see no reset in the interval,
-        all at once: the same integers the per-GPU path computes (per-episode floored
-        curves summed per GPU, benign events counted at each time), on one time grid."""
+                       out: _Rows, resets: tuple[np.ndarray, ...] | None = None) -> None:
+        """``advance`` for GPUs ``gs`` (sorted, unique), all at once: the same integers the
+        per-GPU path computes (per-episode floored curves summed per GPU, benign events
+        counted at each time), on one time grid. ``resets``: (repair times, local nodes,
+        replacement times, local GPUs) in the interval, for GPUs that see one: the grid
+        then holds those times too, and a counter's value after its GPU's latest reset is
+        what it gained since (a repair resets the volatile counters, a replacement the
+        aggregate ones)."""
         S = len(gs)
         if not S:
             return
-        times = np.sort(np.r_[ticks, t_prev])
+        times = np.sort(np.r_[ticks, t_prev] if resets is None
+                        else np.r_[ticks, t_prev, resets[0], resets[2]])
         K, L = len(times), self.L
         row_of = np.full(self.G, -1, dtype=np.int64)
         row_of[gs] = np.arange(S)
@@ -224,11 +231,36 @@ class Counters:
         c["ue_v"] = c["ue_a"] = c.pop("ue")
         ti = np.searchsorted(times, ticks)
         i_prev = int(np.searchsorted(times, t_prev))
+        since = {} if resets is None else self._last_resets(gs, row_of, times, ti, resets)
         for name, st in self.state.items():
             cv = c[name]
             vals = cv[:, ti] + (st[gs] - cv[:, i_prev])[:, None]  # (S, T[, L])
+            last = since.get("vol" if name in VOLATILE else "agg")
+            if last is not None:  # after a reset: the gain since it
+                after = cv[:, ti] - cv[np.arange(S)[:, None], np.maximum(last, 0)]
+                has = (last >= 0).reshape(last.shape + (1,) * (cv.ndim - 2))
+                vals = np.where(has, after, vals)
             st[gs] = vals[:, -1]
             out.put(name, gs, vals)
+
+    def _last_resets(self, gs: np.ndarray, row_of: np.ndarray, times: np.ndarray,
+                     ti: np.ndarray, resets: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
+        """For each GPU of ``gs`` and tick, the grid index of its latest repair ("vol")
+        and replacement ("agg") at or before the tick, -1 if none (S, T)."""
+        r_t, r_node, p_t, p_gpu = resets
+        S, K = len(gs), len(times)
+        marks = {}
+        rows, which = np.nonzero(self.nodes_of[gs][:, None] == r_node[None, :])
+        marks["vol"] = (rows, np.searchsorted(times, r_t[which]))
+        rows = row_of[p_gpu]
+        mine = rows >= 0
+        marks["agg"] = (rows[mine], np.searchsorted(times, p_t[mine]))
+        out = {}
+        for kind, (r, k) in marks.items():
+            at = np.full((S, K), -1, np.int64)
+            at[r, k] = k
+            out[kind] = np.maximum.accumulate(at, axis=1)[:, ti]
+        return out
 
 
 class _Rows:
