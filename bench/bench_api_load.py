@@ -321,6 +321,7 @@ def main() -> None:
         thread_w.join(30)
         server.should_exit = True
         thread.join(10)
+        app.state.ctx.samples.stop()
         snapshot_builds = app.state.ctx.latest.builds
         store.close()
     figure = loaded_fig["sched_latency_p99_ms"]

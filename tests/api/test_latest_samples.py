@@ -207,9 +207,8 @@ def test_a_keeper_thread_refreshes_so_that_no_request_pays(store: Store) -> None
         store.insert_sample_records([sample("n1", "GPU-a", 0, 6, 61.0)])
         assert _until(lambda: mem.for_node(cur, "n1", at(0))[0]["gpu_temp_c"] == 61.0)
     finally:
-        mem.stop()
-        keeper.join(5)
-    assert not keeper.is_alive()
+        mem.stop(5)
+    assert not keeper.is_alive()  # stop waits for it
     # the keeper gone, requests refresh again once the memory is due
     store.insert_sample_records([sample("n1", "GPU-a", 0, 7, 62.0)])
     clock.t = 1.0

@@ -280,8 +280,8 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     agent_thread = threading.Thread(target=agent.run, name="fleetcare-agent", daemon=True)
     agent_thread.start()
     svc.start()
-    server, thread = start_server_thread(
-        create_app(store, auth=False, drains=svc.drains, keep_fresh=True), args.host, args.port)
+    app = create_app(store, auth=False, drains=svc.drains, keep_fresh=True)
+    server, thread = start_server_thread(app, args.host, args.port)
     print(f"[3/4] live: agent -> embedded bus -> ingest -> rescoring every {args.score_every:g} s"
           f" (simulated time at {args.speed:g}x), drains decided in dry-run\n"
           f"[4/4] API and dashboard at http://{args.host}:{args.port}/  "
@@ -294,6 +294,7 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
     finally:
         agent.stop()
         server.should_exit = True
+        app.state.ctx.samples.stop(STOP_TIMEOUT_S)
         svc.stop(timeout_s=STOP_TIMEOUT_S)
         for t in (agent_thread, thread):
             t.join(STOP_TIMEOUT_S)

@@ -78,6 +78,7 @@ class LatestSamples:
         self._data = threading.Lock()  # readers vs. the refresher's update (short)
         self.refreshes = 0
         self._kept = False  # a keeper thread refreshes (``keep``)
+        self._keeper: threading.Thread | None = None
         self._stop = threading.Event()
 
     def for_node(self, cur: Cursor, node: str, since: dt.datetime,
@@ -127,12 +128,16 @@ class LatestSamples:
                     pass
 
         thread = threading.Thread(target=run, name="fleetcare-latest-samples", daemon=True)
+        self._keeper = thread
         thread.start()
         return thread
 
-    def stop(self) -> None:
-        """End the keeper thread (``keep``), if any, at its next wake-up."""
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End the keeper thread (``keep``), if any, and wait for it (at most
+        ``timeout_s``): before the database closes, so no refresh runs while it does."""
         self._stop.set()
+        if self._keeper is not None:
+            self._keeper.join(timeout_s)
 
     def _refresh(self, cur: Cursor, *, force: bool = False) -> None:
         """Bring the memory up to date if it is ``refresh_s`` old (``force``: now); a

@@ -64,12 +64,15 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     log.info("serve.started db=%s source=%s", store.path, mask_secrets(
         args.bus or (f"lake {args.lake}" if args.lake else "none (scoring only)")))
     svc.start()
+    app = None
     try:
-        serve(create_app(store, auth=not args.no_auth, drains=drains,
-                         max_body_bytes=cfg.max_body_bytes,
-                         ingest=svc.families, keep_fresh=True),
-              host=host, port=listen)
+        app = create_app(store, auth=not args.no_auth, drains=drains,
+                         max_body_bytes=cfg.max_body_bytes, ingest=svc.families,
+                         keep_fresh=True)
+        serve(app, host=host, port=listen)
     finally:
+        if app is not None:
+            app.state.ctx.samples.stop()
         svc.stop()
         store.close()
     return 0
