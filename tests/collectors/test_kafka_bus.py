@@ -8,6 +8,7 @@ its own topic prefix and consumer group, so runs never see each other's records.
 from __future__ import annotations
 
 import datetime as dt
+import socket
 import subprocess
 import time
 import uuid
@@ -38,6 +39,21 @@ def _script(name: str) -> None:
                           capture_output=True, text=True, timeout=180)
     if proc.returncode != 0:
         pytest.fail(f"deploy/kafka/{name} failed (exit {proc.returncode}):\n{proc.stderr}")
+
+
+def _stop_this_broker() -> None:
+    """stop.sh, then check the port is really closed: a broker this checkout did not
+    start (another checkout's, left running) is not stopped by it, and the outage a
+    test needs would silently not happen."""
+    _script("stop.sh")
+    try:
+        socket.create_connection(("127.0.0.1", 9092), timeout=1.0).close()
+    except OSError:
+        return
+    _script("start.sh")  # leave this checkout as it was
+    pytest.fail("a Kafka broker this checkout did not start holds 127.0.0.1:9092 (no "
+                "var/kafka/kafka.pid here), so stop.sh cannot stop it: stop it from the "
+                "checkout that started it (`make kafka-stop` there) and run again")
 
 
 @pytest.fixture(scope="session")
@@ -164,7 +180,7 @@ def test_broker_outage_spools_and_replays_in_order(bus: KafkaBus, prefix: str) -
     bus.flush(30)
     assert bus.spooled == 0
 
-    _script("stop.sh")
+    _stop_this_broker()
     try:
         t_down = time.monotonic()
         while time.monotonic() - t_down < OUTAGE_S:  # the agent keeps ticking meanwhile
