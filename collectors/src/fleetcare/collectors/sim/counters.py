@@ -133,8 +133,8 @@ class Counters:
         # every row starts as its GPU's state before this advance; the special GPUs'
         # rows are then overwritten with their own values
         out = _Rows(self.state, T, keep)
-        # GPUs with no repair or replacement in (t_prev, t_end] share one time grid and
-        # are computed together; the few with one take the per-GPU path below
+        # GPUs with no repair or replacement in (t_prev, t_end] share one time grid; those
+        # with one are computed together on a grid that also holds the reset times
         touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
         self._advance_plain(special[~touched], ticks, t_prev, eps, ep_g, benign, out)
         self._advance_plain(special[touched], ticks, t_prev, eps, ep_g, benign, out,
