@@ -4,7 +4,9 @@
 
 For each case, ``samples_per_s`` is the history's own rate (``FleetSimulator.history``,
 its first chunk included); ``setup_s`` (fleet layout, incident plan, simulator) is timed
-apart and ``samples_per_s_with_setup`` counts it too. The ceiling is numpy copying every
+apart and ``samples_per_s_with_setup`` counts it too. ``steady_samples_per_s`` leaves the
+first chunk out (it builds the simulator's groups and, three days in, catches the
+counters up from the fleet's start: ``first_chunk_s``), i.e. the rate of a long history. The ceiling is numpy copying every
 array of every chunk once, measured chunk by chunk in the same run: what writing the
 same arrays costs here, with no simulation. ``samples_per_cpu_s`` divides by the
 process's CPU time instead of wall time (steadier on a shared machine). Each figure is
@@ -33,10 +35,12 @@ def run(nodes: int, hours: float, interval_s: int, start_h: float = 0.0) -> dict
     start = spec.start + dt.timedelta(hours=start_h)
     chunks = sim.history(start, start + dt.timedelta(hours=hours), interval_s=interval_s)
     n, hist, ceil, cpu = 0, 0.0, 0.0, 0.0
+    first: tuple[int, float] | None = None  # (samples, seconds) of the first chunk
     while True:
         t0, c0 = time.perf_counter(), time.process_time()
         chunk = next(chunks, None)
-        hist += time.perf_counter() - t0
+        took = time.perf_counter() - t0
+        hist += took
         cpu += time.process_time() - c0
         if chunk is None:
             break
@@ -44,8 +48,11 @@ def run(nodes: int, hours: float, interval_s: int, start_h: float = 0.0) -> dict
         copies = {k: v.copy() for k, v in chunk.samples.items()}
         ceil += time.perf_counter() - t0
         n += len(copies["ts"])
+        first = first or (n, took)
         del copies, chunk
-    return {"samples": n, "setup": setup, "history": hist, "ceiling": ceil, "cpu": cpu}
+    assert first is not None and n > first[0], "a case needs two chunks or more"
+    return {"samples": n, "setup": setup, "history": hist, "ceiling": ceil, "cpu": cpu,
+            "first_samples": first[0], "first": first[1]}
 
 
 def case(name: str, gpus: int, runs: list[dict[str, float]], **extra: object) -> None:
@@ -60,6 +67,9 @@ def case(name: str, gpus: int, runs: list[dict[str, float]], **extra: object) ->
         "samples_per_s": round(rate), "ceiling_samples_per_s": round(ceiling),
         "ratio": round(statistics.median(r["ceiling"] / r["history"] for r in runs), 3),
         "samples_per_cpu_s": round(statistics.median(r["samples"] / r["cpu"] for r in runs)),
+        "steady_samples_per_s": round(statistics.median(
+            (r["samples"] - r["first_samples"]) / (r["history"] - r["first"]) for r in runs)),
+        "first_chunk_s": round(med("first"), 3),
         "setup_s": round(med("setup"), 3),
         "samples_per_s_with_setup": round(statistics.median(
             r["samples"] / (r["setup"] + r["history"]) for r in runs)),

@@ -8,6 +8,10 @@ the simple path it replaces, on a fleet with many failures, repairs and precurso
 
 from __future__ import annotations
 
+import datetime as dt
+import hashlib
+
+import msgspec
 import numpy as np
 import pytest
 
@@ -114,3 +118,92 @@ def test_batched_path_sums_overlapping_episodes_and_same_slot_events(sim):
     for k in out_a.cols:
         assert np.array_equal(out_a.cols[k], out_b.cols[k]), k
     assert all(out_a.cols[k].any() for k in ("nv_flit", "ce_v", "pcie"))
+
+
+
+@pytest.mark.parametrize("share", [1e-9, float("inf")], ids=["always-sparse", "never-sparse"])
+def test_sparse_rows_equal_rows_copied_from_the_state(sim, monkeypatch, share):
+    """A per-link counter's rows start as zeros with only its non-zero GPUs' rows
+    written (``Counters.nonzero``) when those are few. Forced on (or off) for every
+    advance, the rows must equal those the code chooses for itself, ticks with down
+    nodes included: a stale ``nonzero`` would leave a GPU's counts out."""
+    import fleetcare.collectors.sim.counters as counters
+
+    def run() -> list[dict[str, np.ndarray]]:
+        grp = FleetSimulator(SPEC, sim.plan).groups()[0]
+        out = []
+        for ticks in tick_runs():
+            keep = ~np.repeat(grp.down(ticks), grp.gpn, axis=1)
+            cols = grp.counters.advance(ticks, None if keep.all() else keep)
+            out.append({k: cols[k] for k in counters.LINK_COUNTERS})
+        return out
+
+    chosen = run()
+    monkeypatch.setattr(counters, "SPARSE_SHARE", share)
+    forced = run()
+    nonzero_rows = 0
+    for a, b in zip(chosen, forced, strict=True):
+        for k in a:
+            assert a[k].dtype == b[k].dtype == counters.LINK_DTYPE
+            assert np.array_equal(a[k], b[k]), k
+        nonzero_rows += int(a["nv_flit"].any(axis=1).sum())
+    assert nonzero_rows > 1000
+
+
+def test_identity_columns_are_shared_read_only(sim):
+    """The identity columns of a one-tick chunk are given as they are (or as kept
+    last time), so no consumer may write them."""
+    grp = sim.groups()[0]
+    a = grp.step(np.array([60.0]), np.random.default_rng(1))
+    b = grp.step(np.array([120.0]), np.random.default_rng(2))
+    for k in ("node", "gpu_uuid", "gpu_index", "pci_bus_id", "model"):
+        assert not a[k].flags.writeable and np.array_equal(a[k], b[k])
+        with pytest.raises(ValueError, match="read-only"):
+            a[k][0] = a[k][1]
+
+
+def test_job_blocks_drawn_again_only_where_they_changed(sim):
+    """One tick of every node re-hashes only the nodes whose 6-hour job block changed
+    since the last such tick (``Group._block_draws``); over two days of ticks (every
+    node crosses blocks) it equals drawing every node's block afresh."""
+    grp = sim.groups()[0]
+    every = np.arange(len(grp.nodes))
+    crossed = 0
+    for t in 600.0 * np.arange(1, 300):
+        busy, inten = grp.jobs(np.array([t]))  # cached path
+        busy_ref, inten_ref = grp.jobs(np.array([t]), every)  # drawn afresh
+        assert np.array_equal(busy, busy_ref) and np.array_equal(inten, inten_ref), t
+        crossed += int((grp._blocks[0] != np.floor(
+            (t - 600 + grp.phase) / 21600.0)).sum())
+    assert crossed > len(grp.nodes)  # blocks did change under the cache
+
+
+HISTORY_DIGEST = "04b776ebd991e9c4c376fb82aac044e9a41771f6ac5dc3466a3fef26128d539c"
+"""What the simulator drew before its fast paths (the shipped prior, its threshold and the
+README's pool figures were simulated with these draws). Computed with the code of
+2026-12-04 and with this one."""
+
+
+def test_history_draws_are_what_they_were():
+    """Speed-ups of the simulator must not change a single value: every sample column,
+    XID event and incident of a mixed-model fleet with failures and repairs (60-s
+    ticks late in its life, with nodes down) hashes as before. numpy's float functions
+    can differ by an ulp on another CPU; there, recompute the digest with the older
+    code first."""
+    spec = FleetSpec(nodes=24, seed=7, failure_scale=40, model="H100:3,A100:1")
+    sim = FleetSimulator(spec, simulate_incidents(spec, days=3))
+    h = hashlib.sha256()
+    late = spec.start + dt.timedelta(days=2)
+    for a, b, step in ((spec.start, spec.start + dt.timedelta(days=2), 300),
+                       (late, late + dt.timedelta(minutes=20), 60)):
+        for ch in sim.history(a, b, interval_s=step):
+            for k in sorted(ch.samples):
+                v = ch.samples[k]
+                if v.dtype == object:
+                    h.update("\x1f".join(map(str, v.tolist())).encode())
+                elif v.dtype.kind == "M":
+                    h.update(v.astype("datetime64[us]").astype(np.int64).tobytes())
+                else:
+                    h.update(v.astype(np.float64 if v.dtype.kind == "f" else np.int64).tobytes())
+            h.update(msgspec.json.encode(ch.events) + msgspec.json.encode(ch.incidents))
+    assert h.hexdigest() == HISTORY_DIGEST

@@ -35,6 +35,13 @@ NV_FLIT_PER_LINK_DAY = 0.002
 MAX_LINKS = 18
 """NVLink flit events are drawn over this many links per GPU and kept on the GPU's own
 links (a GPU with fewer links sees proportionally fewer)."""
+LINK_DTYPE = np.int32
+"""Per-link counters are held and given out as int32 (an episode adds at most tens of
+thousands; NVML's are 64-bit, and the store widens them): they are most of a tick's
+bytes (100,000 GPUs × 18 links × 4 counters), and half the bytes is half the copying."""
+SPARSE_SHARE = 4
+"""A per-link counter whose non-zero GPUs are fewer than one in ``SPARSE_SHARE`` starts
+its rows as zeros with only those GPUs' rows written; otherwise as a copy of the state."""
 
 
 class Counters:
@@ -49,11 +56,10 @@ class Counters:
         self.G = len(gpus)
         self.L = nlinks
         self.ep = episodes
-        local = {int(g): i for i, g in enumerate(gpus.tolist())}
-        self.ep_idx = np.array([i for i, g in enumerate(episodes.gpu.tolist()) if g in local],
-                               dtype=np.int64)
-        self.ep_local = np.array([local[int(g)] for g in episodes.gpu[self.ep_idx]],
-                                 dtype=np.int64)
+        local = np.full(fleet_gpus, -1, dtype=np.int64)
+        local[gpus] = np.arange(self.G)
+        self.ep_idx = np.flatnonzero(local[episodes.gpu] >= 0)
+        self.ep_local = local[episodes.gpu[self.ep_idx]]
         self.reset_t, self.reset_node = resets
         self.repl_t, self.repl_gpu = replacements
         rng = np.random.default_rng([seed, 4])
@@ -79,7 +85,10 @@ class Counters:
             "rr_c": life_rr[gpus], "rr_u": z.copy(),
         }
         for name in LINK_COUNTERS:
-            self.state[name] = np.zeros((self.G, nlinks), dtype=np.int64)
+            self.state[name] = np.zeros((self.G, nlinks), dtype=LINK_DTYPE)
+        # per GPU: whether its per-link counter is not all zero (only their rows are copied)
+        self.nonzero = {name: np.zeros(self.G, dtype=bool) for name in LINK_COUNTERS}
+        self._kept: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _day(self, day: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """This group's benign events of ``day``: {kind: (local gpu, t, link)}, cached."""
@@ -132,7 +141,9 @@ class Counters:
         ).astype(np.int64))
         # every row starts as its GPU's state before this advance; the special GPUs'
         # rows are then overwritten with their own values
-        out = _Rows(self.state, T, keep)
+        out = _Rows(self.state, T, keep,
+                    {name: np.flatnonzero(m) for name, m in self.nonzero.items()},
+                    self._kept_rows(keep))
         # GPUs with no repair or replacement in (t_prev, t_end] share one time grid; those
         # with one are computed together on a grid that also holds the reset times
         touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
@@ -142,6 +153,19 @@ class Counters:
                                     self.repl_t[rp], self.repl_gpu[rp]))
         self.t = t_end
         return out.cols
+
+    def _kept_rows(self, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """For ``keep`` (T, G): each kept row's GPU and each (tick, GPU)'s kept row. The
+        last is cached: nodes go down and come back rarely, so ticks repeat it."""
+        if keep is None:
+            return None
+        last = self._kept
+        if last is not None and last[0].shape == keep.shape and np.array_equal(last[0], keep):
+            return last[1], last[2]
+        g_of = np.nonzero(keep)[1]  # tick-major
+        pos = (np.cumsum(keep.ravel()) - 1).reshape(keep.shape)
+        self._kept = (keep.copy(), g_of, pos)
+        return g_of, pos
 
     def _advance_gpu(self, g: int, ticks: np.ndarray, t_prev: float, rs: np.ndarray,
                      rp: np.ndarray, eps: np.ndarray, ep_g: np.ndarray, benign: dict,
@@ -188,6 +212,8 @@ class Counters:
                 vals = np.where(has.reshape((-1,) + (1,) * (cv.ndim - 1)), rvals, vals)
             self.state[name][g] = vals[-1]
             out.put(name, np.array([g]), vals[None])
+            if name in self.nonzero:
+                self.nonzero[name][g] = self.state[name][g].any()
 
     def _advance_plain(self, gs: np.ndarray, ticks: np.ndarray, t_prev: float,
                        eps: np.ndarray, ep_g: np.ndarray, benign: dict,
@@ -207,13 +233,26 @@ class Counters:
         K, L = len(times), self.L
         row_of = np.full(self.G, -1, dtype=np.int64)
         row_of[gs] = np.arange(S)
-        c = {n: np.zeros((S, K), np.int64) for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
-        c.update({n: np.zeros((S, K, L), np.int64) for n in LINK_COUNTERS})
         sel = row_of[ep_g] >= 0
+        ep_rows = row_of[ep_g[sel]]
+        # the per-link counters change only on GPUs with an episode or a benign NVLink
+        # event, or with a reset when they are not zero: the others (most, when a long
+        # interval catches up) keep theirs
+        moves = np.zeros(S, dtype=bool)
+        moves[ep_rows] = True
+        r = row_of[benign["nv_flit"][0]]
+        moves[r[r >= 0]] = True
+        if resets is not None:
+            for nz in self.nonzero.values():
+                moves |= nz[gs]
+        link_rows = np.flatnonzero(moves)
+        link_of = np.full(S, -1, dtype=np.int64)
+        link_of[link_rows] = np.arange(len(link_rows))
+        c = {n: np.zeros((S, K), np.int64) for n in ("ce", "ue", "rr_c", "rr_u", "pcie")}
+        c.update({n: np.zeros((len(link_rows), K, L), np.int64) for n in LINK_COUNTERS})
         if sel.any():
-            rows = row_of[ep_g[sel]]
             for name, v in self.ep.cumulative(eps[sel], times, L).items():
-                np.add.at(c[name], rows, v)
+                np.add.at(c[name], link_of[ep_rows] if v.ndim == 3 else ep_rows, v)
         for name, (bg, bt, bl) in benign.items():
             r = row_of[bg]
             keep = r >= 0
@@ -221,8 +260,8 @@ class Counters:
                 continue
             j = np.searchsorted(times, bt[keep], side="left")  # first time >= the event
             if name == "nv_flit":
-                inc = np.zeros((S, K + 1, L), np.int64)
-                np.add.at(inc, (r[keep], j, bl[keep]), 1)
+                inc = np.zeros((len(link_rows), K + 1, L), np.int64)
+                np.add.at(inc, (link_of[r[keep]], j, bl[keep]), 1)
             else:
                 inc = np.zeros((S, K + 1), np.int64)
                 np.add.at(inc, (r[keep], j), 1)
@@ -234,14 +273,19 @@ class Counters:
         since = {} if resets is None else self._last_resets(gs, row_of, times, ti, resets)
         for name, st in self.state.items():
             cv = c[name]
-            vals = cv[:, ti] + (st[gs] - cv[:, i_prev])[:, None]  # (S, T[, L])
+            rows = link_rows if cv.ndim == 3 else slice(None)
+            at = gs[rows]
+            vals = cv[:, ti] + (st[at] - cv[:, i_prev])[:, None]  # (S, T[, L])
             last = since.get("vol" if name in VOLATILE else "agg")
             if last is not None:  # after a reset: the gain since it
-                after = cv[:, ti] - cv[np.arange(S)[:, None], np.maximum(last, 0)]
+                last = last[rows]
+                after = cv[:, ti] - cv[np.arange(len(cv))[:, None], np.maximum(last, 0)]
                 has = (last >= 0).reshape(last.shape + (1,) * (cv.ndim - 2))
                 vals = np.where(has, after, vals)
-            st[gs] = vals[:, -1]
-            out.put(name, gs, vals)
+            st[at] = vals[:, -1]
+            out.put(name, at, vals)
+            if name in self.nonzero:
+                self.nonzero[name][at] = st[at].any(axis=1)
 
     def _last_resets(self, gs: np.ndarray, row_of: np.ndarray, times: np.ndarray,
                      ti: np.ndarray, resets: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
@@ -265,21 +309,37 @@ class Counters:
 
 class _Rows:
     """The output rows of one advance: each GPU's prior state, repeated per tick and
-    kept where ``keep`` says (tick-major), with ``put`` overwriting some GPUs' rows."""
+    kept where ``keep`` says (tick-major), with ``put`` overwriting some GPUs' rows.
+    ``nonzero``: for some states, the only GPUs whose state is not zero; when few, the
+    rows start as zeros and only theirs are written."""
 
-    def __init__(self, state: dict[str, np.ndarray], T: int, keep: np.ndarray | None) -> None:
+    def __init__(self, state: dict[str, np.ndarray], T: int, keep: np.ndarray | None,
+                 nonzero: dict[str, np.ndarray] | None = None,
+                 kept: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """``kept``: ``Counters._kept_rows(keep)`` when known."""
         self.T, self.keep = T, keep
         self.G = len(next(iter(state.values())))
-        self.pos: np.ndarray | None = None  # kept row of each (tick, GPU), on first put
+        # each kept row's GPU, and the kept row of each (tick, GPU)
+        g_of: np.ndarray | None = None if kept is None else kept[0]
+        self.pos: np.ndarray | None = None if kept is None else kept[1]
         self.cols: dict[str, np.ndarray] = {}
-        if keep is None:
-            for name, st in state.items():
-                col = np.empty((T * self.G, *st.shape[1:]), dtype=st.dtype)
+        nonzero = nonzero or {}
+        n = T * self.G if keep is None else int(np.count_nonzero(keep))
+        for name, st in state.items():
+            nz = nonzero.get(name)
+            if nz is not None and len(nz) < self.G / SPARSE_SHARE:
+                self.cols[name] = np.zeros((n, *st.shape[1:]), dtype=st.dtype)
+                if len(nz):
+                    self.put(name, nz, np.broadcast_to(st[nz][:, None], (len(nz), T,
+                                                                           *st.shape[1:])))
+            elif keep is None:
+                col = np.empty((n, *st.shape[1:]), dtype=st.dtype)
                 col.reshape(T, *st.shape)[...] = st
                 self.cols[name] = col
-        else:
-            g_of = np.nonzero(keep)[1]  # each kept row's GPU, tick-major
-            self.cols = {name: st.take(g_of, axis=0) for name, st in state.items()}
+            else:
+                if g_of is None:
+                    g_of = np.nonzero(keep)[1]  # each kept row's GPU, tick-major
+                self.cols[name] = st.take(g_of, axis=0)
 
     def put(self, name: str, gs: np.ndarray, vals: np.ndarray) -> None:
         """Rows of GPUs ``gs`` (S,) at every tick: ``vals`` (S, T[, L])."""

@@ -14,8 +14,10 @@ until its repair; volatile counters reset at repair, aggregate ones at GPU repla
 
 A chunk's ``samples`` maps exact ``GpuSample`` field names to arrays of one row per
 (tick, GPU), tick-major; ``ts`` is datetime64[us] (UTC), strings are object arrays,
-``nvlink_*`` are (rows, links); ``retired_pages_*`` are absent (null: row remapping
-replaced page retirement on A100/H100/H200). A mixed-model fleet yields one chunk per
+``nvlink_*`` are (rows, links), the per-link counters int32 (``counters.LINK_DTYPE``);
+``retired_pages_*`` are absent (null: row remapping replaced page retirement on
+A100/H100/H200). The identity columns (node, GPU uuid/index, PCI bus id, model) are
+read-only and may be shared between chunks. A mixed-model fleet yields one chunk per
 model per time range (the NVLink width differs).
 """
 
@@ -70,6 +72,7 @@ XID_MESSAGES = {
 # nvmlClocksEventReason* bits
 GPU_IDLE, SW_POWER_CAP, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x20, 0x40
 _EPOCH = np.datetime64("1970-01-01T00:00:00", "us")
+_THROTTLE = np.array([1.0, 0.8, 0.6])  # SM clock factor by thermal slowdowns (sw, + hw)
 Rec = TypeVar("Rec", bound=msgspec.Struct)
 
 
@@ -130,15 +133,15 @@ class Group:
         self.rack_off = rack_off[self.nodes]
         self.phase = hash_uniform(spec.seed, self.nodes, np.zeros_like(self.nodes), 0) * JOB_BLOCK_S
         # node down intervals and resets from the plan
-        pos = {int(n): i for i, n in enumerate(self.nodes.tolist())}
-        sel = np.flatnonzero(np.isin(plan.node, self.nodes))
+        pos = np.full(spec.nodes, -1, dtype=np.int64)  # fleet node -> this group's
+        pos[self.nodes] = np.arange(len(self.nodes))
+        sel = np.flatnonzero(pos[plan.node] >= 0)
         self.f_idx = sel
         self.down_t0 = plan.time_h[sel] * 3600.0
         self.down_t1 = (plan.time_h[sel] + plan.repair_h[sel]) * 3600.0
-        self.down_node = np.array([pos[int(n)] for n in plan.node[sel]], dtype=np.int64)
+        self.down_node = pos[plan.node[sel]]
         rep = sel[plan.replaced[sel]]
-        repl_local = np.array([pos[int(n)] * gpn + int(g) for n, g in
-                               zip(plan.node[rep], plan.gpu[rep], strict=True)], dtype=np.int64)
+        repl_local = pos[plan.node[rep]] * gpn + plan.gpu[rep].astype(np.int64)
         ep: Episodes = sim.episodes
         local = np.full(fleet_g, -1, dtype=np.int64)
         local[self.gpus] = np.arange(self.G)
@@ -160,9 +163,13 @@ class Group:
             model=self.model.key, repairs=(self.down_t1, self.down_node))
         self.uuids = sim.layout.gpu_uuids[self.gpus]
         self.pci = sim.layout.pci_bus_ids[self.gpus]
-        self.model_col = np.full(self.G, self.model.name, dtype=object)
+        self.model_col = np.array([self.model.name], dtype=object).repeat(self.G)
         self.node_col = np.repeat(self.node_names, gpn)
         self.gpu_index = np.tile(np.arange(gpn, dtype=np.int64), len(self.nodes))
+        for a in (self.node_col, self.uuids, self.gpu_index, self.pci, self.model_col):
+            a.flags.writeable = False  # a one-tick chunk of the whole group gives them as is
+        self._ident: tuple[int, np.ndarray | None, dict[str, np.ndarray]] | None = None
+        self._blocks: tuple[np.ndarray, tuple[np.ndarray, ...]] | None = None  # jobs()
 
     # -- healthy behaviour -------------------------------------------------------------
     def jobs(self, t: np.ndarray, nodes_local: np.ndarray | None = None):
@@ -171,13 +178,29 @@ class Group:
         nodes = self.nodes[idx][None, :]
         shifted = t[:, None] + self.phase[idx][None, :]
         block = np.floor(shifted / JOB_BLOCK_S)
-        seed = self.sim.spec.seed
         b = block.astype(np.int64)
-        u1 = hash_uniform(seed, nodes + 0 * b, b, 1)
-        u2 = hash_uniform(seed, nodes + 0 * b, b, 2)
+        u1, u2, u3 = self._block_draws(nodes, b, cache=nodes_local is None and len(t) == 1)
         into = shifted - block * JOB_BLOCK_S
         busy = (u1 >= 0.08) & (into >= JOB_BLOCK_S * 0.25 * u2**2)
-        return busy, hash_uniform(seed, nodes + 0 * b, b, 3)
+        return busy, u3
+
+    def _block_draws(self, nodes: np.ndarray, b: np.ndarray, cache: bool
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The three uniforms of each node's job block ``b`` (T, N). With ``cache`` (one
+        tick of every node) only the nodes whose block changed since the last such call
+        are hashed again: a 6-hour block changes for few nodes a tick."""
+        seed = self.sim.spec.seed
+        last = self._blocks if cache else None
+        if last is None:
+            draws = tuple(hash_uniform(seed, nodes + 0 * b, b, k) for k in (1, 2, 3))
+        else:
+            changed = np.flatnonzero(b[0] != last[0][0])
+            draws = tuple(u.copy() for u in last[1])
+            for k, u in enumerate(draws, start=1):
+                u[0, changed] = hash_uniform(seed, nodes[0, changed], b[0, changed], k)
+        if cache:
+            self._blocks = (b, draws)
+        return draws  # type: ignore[return-value]
 
     def down(self, t: np.ndarray) -> np.ndarray:
         """(T, N) True where the node is down for repair."""
@@ -202,11 +225,15 @@ class Group:
         amb = 24.0 + 2.0 * np.sin(2 * np.pi * (hod - 9.0) / 24.0)
         amb_g = (amb[:, None] + np.repeat(self.rack_off, gpn)[None, :]).astype(np.float32)
         noise = rng.standard_normal((3, T, G), dtype=np.float32)
-        load = np.where(busy, 0.80 + 0.17 * inten + 0.03 * noise[0], 0.0).clip(0, 1.05)
+        # (masks multiply rather than ``np.where``: a where with a scalar branch costs
+        # several times the arithmetic at 100,000 GPUs)
+        load = 0.80 + 0.17 * inten + 0.03 * noise[0]
+        load *= busy
+        np.clip(load, 0, 1.05, out=load)
         span = m.power_limit_w - m.idle_power_w
         power = m.idle_power_w + span * load * self.eff + 4.0 * noise[1]
         capped = power > 0.97 * m.power_limit_w
-        power = np.where(capped, m.power_limit_w * (0.965 + 0.01 * np.abs(noise[1])), power)
+        np.copyto(power, m.power_limit_w * (0.965 + 0.01 * np.abs(noise[1])), where=capped)
         frac = power / m.power_limit_w
         gtemp = amb_g + m.idle_rise_c + m.load_rise_c * frac + self.temp_off + 0.7 * noise[2]
         mtemp = gtemp + 3.0 + 6.0 * frac + self.mem_off
@@ -238,17 +265,24 @@ class Group:
         mtemp = np.rint(mtemp)
         sw_thermal = gtemp >= m.slowdown_temp_c - 2
         hw_thermal = gtemp >= m.slowdown_temp_c + 3
-        reasons = (np.where(busy, 0, GPU_IDLE) | np.where(capped, SW_POWER_CAP, 0)
-                   | np.where(sw_thermal, SW_THERMAL, 0) | np.where(hw_thermal, HW_THERMAL, 0))
-        sm = np.where(busy, m.sm_clock_max_mhz - np.where(capped, 120 + 60 * np.abs(noise[0]), 0),
-                      m.sm_clock_idle_mhz)
-        sm = sm * np.where(hw_thermal, 0.6, np.where(sw_thermal, 0.8, 1.0))
+        bits = [x.view(np.uint8) for x in (~busy, capped, sw_thermal, hw_thermal)]
+        reasons = (bits[0] * np.uint8(GPU_IDLE) | bits[1] * np.uint8(SW_POWER_CAP)
+                   | bits[2] * np.uint8(SW_THERMAL) | bits[3] * np.uint8(HW_THERMAL))
+        sm = np.where(busy, m.sm_clock_max_mhz - (120 + 60 * np.abs(noise[0])) * capped,
+                      np.float32(m.sm_clock_idle_mhz))
+        sm = sm * _THROTTLE[bits[2] + bits[3]]  # hw_thermal implies sw_thermal
         sm = (np.rint(sm / 15.0) * 15).astype(np.int64)
-        power = np.where(sw_thermal, power * 0.85, power)
-        gen = np.where(busy, m.pcie_gen - gen_drop, 1).astype(np.int64)
-        util = np.where(busy, np.clip(np.rint(93 + 5 * noise[2]), 0, 100), 0.0)
-        util_mem = np.where(busy, np.clip(np.rint(30 + 30 * inten + 4 * noise[0]), 0, 100), 0.0)
-        fb = np.where(busy, (m.fb_total_mib * (0.55 + 0.4 * inten)).astype(np.int64), 4)
+        np.multiply(power, 0.85, out=power, where=sw_thermal)
+        gen = (m.pcie_gen - 1 - gen_drop.view(np.uint8).astype(np.int64)) * busy + 1
+        util = np.rint(93 + 5 * noise[2])
+        np.clip(util, 0, 100, out=util)
+        util *= busy
+        util_mem = np.rint(30 + 30 * inten + 4 * noise[0])
+        np.clip(util_mem, 0, 100, out=util_mem)
+        util_mem *= busy
+        fb = (m.fb_total_mib * (0.55 + 0.4 * inten)).astype(np.int64) - 4
+        fb *= busy
+        fb += 4
         base = np.datetime64(start.astimezone(dt.UTC).replace(tzinfo=None), "us")
         ts = base + np.rint(ticks * 1e6).astype("timedelta64[us]")
         if keep is None:
@@ -258,9 +292,6 @@ class Group:
                 return x.reshape(n)
 
             ts_col = np.repeat(ts, G)
-
-            def ident(x: np.ndarray) -> np.ndarray:  # per GPU -> per row
-                return np.tile(x, T)
 
             def row_of(t_idx: np.ndarray, g: int) -> np.ndarray:
                 return t_idx * G + g
@@ -272,9 +303,6 @@ class Group:
                 return x.reshape(T * G)[flat]
 
             ts_col = np.repeat(ts, np.count_nonzero(keep, axis=1))
-
-            def ident(x: np.ndarray) -> np.ndarray:
-                return (x if T == 1 else np.tile(x, T))[flat]
 
             def row_of(t_idx: np.ndarray, g: int) -> np.ndarray:
                 t_idx = t_idx[keep[t_idx, g]]
@@ -290,11 +318,7 @@ class Group:
                 up[row_of(on, self.local[ep.flap_gpu[i]]), ep.flap_link[i] % m.nvlinks] = False
         cols: dict[str, np.ndarray] = {
             "ts": ts_col,
-            "node": ident(self.node_col),
-            "gpu_uuid": ident(self.uuids),
-            "gpu_index": ident(self.gpu_index),
-            "pci_bus_id": ident(self.pci),
-            "model": ident(self.model_col),
+            **self.identity(T, keep),
             "gpu_temp_c": rows(gtemp).astype(np.float64),
             "mem_temp_c": rows(mtemp).astype(np.float64),
             "power_w": np.round(rows(power).astype(np.float64), 1),
@@ -325,6 +349,31 @@ class Group:
             "nvlink_recovery": cnt["nv_recov"],
             "clock_event_reasons": rows(reasons).astype(np.int64),
         }
+        return cols
+
+    def identity(self, T: int, keep: np.ndarray | None) -> dict[str, np.ndarray]:
+        """The identity columns (node, GPU, PCI, model) of ``T`` ticks' rows kept where
+        ``keep`` says, read-only. The last one is cached: down nodes change rarely, so
+        a tick usually repeats the previous one's (a copy of four object columns of
+        100,000 rows each was a tenth of a tick)."""
+        if self._ident is not None:
+            t0, k0, cols = self._ident
+            if t0 == T and (k0 is None if keep is None
+                            else k0 is not None and np.array_equal(k0, keep)):
+                return cols
+        base = {"node": self.node_col, "gpu_uuid": self.uuids, "gpu_index": self.gpu_index,
+                "pci_bus_id": self.pci, "model": self.model_col}
+        if keep is None and T == 1:
+            cols = base
+        else:
+            flat = None if keep is None else keep.ravel()
+            cols = {}
+            for name, x in base.items():
+                col = x if T == 1 else np.tile(x, T)
+                col = col if flat is None else col[flat]
+                col.flags.writeable = False
+                cols[name] = col
+        self._ident = (T, None if keep is None else keep.copy(), cols)
         return cols
 
     def nic_step(self, ticks: np.ndarray) -> dict[str, np.ndarray] | None:
