@@ -207,3 +207,22 @@ def test_history_draws_are_what_they_were():
                     h.update(v.astype(np.float64 if v.dtype.kind == "f" else np.int64).tobytes())
             h.update(msgspec.json.encode(ch.events) + msgspec.json.encode(ch.incidents))
     assert h.hexdigest() == HISTORY_DIGEST
+
+
+def test_history_left_early_ends_its_noise_thread(sim):
+    """``history`` draws the next chunk's noise on a second thread; a consumer that
+    stops early (closes the generator) leaves no thread behind."""
+    import threading
+    import time
+
+    def noise_threads() -> int:
+        return sum(t.name.startswith("fleetcare-sim-noise") for t in threading.enumerate())
+
+    chunks = sim.history(SPEC.start, SPEC.start + dt.timedelta(days=2), interval_s=60)
+    next(chunks), next(chunks)
+    assert noise_threads() == 1
+    chunks.close()
+    deadline = time.monotonic() + 5
+    while noise_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert noise_threads() == 0
