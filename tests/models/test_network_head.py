@@ -213,6 +213,51 @@ def test_a_fleet_simulated_at_raised_rates_teaches_without_raising_the_base_rate
                          horizon_h=72, seed=0)
 
 
+def test_nic_rows_weigh_more_in_the_boosters_only(
+        nic_fleet: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``nic_weight`` (the fleet prior's head: ``prior.NIC_WEIGHT``) multiplies the
+    weight of the rows with a NIC failure ahead in every booster's fit, and in nothing
+    else: the calibration keeps weight 1, so probabilities keep the base rate."""
+    nic_rollup.refresh(nic_fleet)
+    lo, hi = (t.replace(tzinfo=dt.UTC) for t in nic_fleet.cursor().execute(
+        "SELECT min(ts), max(ts) FROM nic_telemetry").fetchone())
+    lo = lo + 24 * H
+    # this fleet's network failures are cable ones: call every other one a NIC's
+    real = network_head._failures(nic_fleet)
+    cables = [i for i, f in enumerate(real) if f[2] == "network_switch_cable"]
+    relabelled = [(n, t, "nic") if i in cables[::2] else (n, t, c)
+                  for i, (n, t, c) in enumerate(real)]
+    monkeypatch.setattr(network_head, "_failures", lambda store: relabelled)
+    r = network_head.rows(nic_fleet, lo, hi, horizon_h=72)
+    assert r.nic.any() and (r.y & ~r.nic).any() and not (r.nic & ~r.y).any()
+    fits: list[np.ndarray] = []
+    cals: list[np.ndarray | None] = []
+    real_fit, real_cal = FailureModel.fit, FailureModel.calibrate_margins
+
+    def fit(self: FailureModel, X: np.ndarray, y: np.ndarray, **k: object) -> FailureModel:
+        fits.append(np.asarray(k["sample_weight"]))
+        return real_fit(self, X, y, **k)  # type: ignore[arg-type]
+
+    def cal(self: FailureModel, margin: np.ndarray, y: np.ndarray, *,
+            weight: np.ndarray | None = None) -> FailureModel:
+        cals.append(weight)
+        return real_cal(self, margin, y, weight=weight)
+
+    monkeypatch.setattr(FailureModel, "fit", fit)
+    monkeypatch.setattr(FailureModel, "calibrate_margins", cal)
+    head = network_head.fit([network_head.Period(nic_fleet, lo, hi)], horizon_h=72, seed=0,
+                            nic_weight=8.0)
+    assert head is not None and cals == [None]  # calibration: weight 1
+    whole = fits[-1]  # the shipped booster fits every row kept: outside an aftermath,
+    # labels known by the period's end
+    kept = ~r.after & (r.ts + np.timedelta64(72, "h") <= network_head._np(hi))
+    assert len(whole) == kept.sum()
+    assert set(whole[r.nic[kept]].tolist()) == {8.0}
+    assert set(whole[~r.nic[kept]].tolist()) == {1.0}
+    p = head.predict_proba(r.X[kept])[:, 1]
+    assert p.mean() == pytest.approx(r.y[kept].mean(), rel=0.5)
+
+
 def test_out_of_fold_calibration_purges_rows_that_share_a_failure_with_the_held_out_block(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A row's label looks ``horizon_h`` ahead, so the rows just before a held-out block of

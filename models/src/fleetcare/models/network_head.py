@@ -80,6 +80,7 @@ class Rows:
     X: np.ndarray  # float32 (rows, features)
     y: np.ndarray  # bool: a network failure of the node within the horizon
     after: np.ndarray  # bool: within AFTERMATH_H after any failure of the node
+    nic: np.ndarray  # bool: the failure within the horizon is a NIC's (``y`` too)
 
 
 def _np(t: dt.datetime) -> np.datetime64:
@@ -113,6 +114,7 @@ def rows(store: Store, lo: dt.datetime, hi: dt.datetime, *, horizon_h: float,
     node = np.asarray([shard + n for n in t.column("node").to_pylist()], dtype=object)
     y = np.zeros(len(ts), dtype=bool)
     after = np.zeros(len(ts), dtype=bool)
+    nic = np.zeros(len(ts), dtype=bool)
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
     A = np.timedelta64(int(round(AFTERMATH_H * 3600)), "s")
     by_node: dict[str, np.ndarray] = {}
@@ -125,15 +127,18 @@ def rows(store: Store, lo: dt.datetime, hi: dt.datetime, *, horizon_h: float,
         idx = by_node.get(shard + n)
         if idx is None:
             continue
+        ahead = idx[(ts[idx] < at) & (ts[idx] >= at - H)]
         if cause in NETWORK_CAUSES:
-            y[idx[(ts[idx] < at) & (ts[idx] >= at - H)]] = True
+            y[ahead] = True
+        if cause == "nic":
+            nic[ahead] = True
         after[idx[(ts[idx] > at) & (ts[idx] <= at + A)]] = True
-    return Rows(ts, node, features_of(t), y, after)
+    return Rows(ts, node, features_of(t), y, after, nic)
 
 
 def _cat(parts: Sequence[Rows]) -> Rows:
     return Rows(*(np.concatenate([getattr(p, k) for p in parts]) if parts else
-                  np.zeros(0) for k in ("ts", "node", "X", "y", "after")))
+                  np.zeros(0) for k in ("ts", "node", "X", "y", "after", "nic")))
 
 
 def network_failures(rows_: Rows) -> int:
@@ -148,8 +153,8 @@ def network_failures(rows_: Rows) -> int:
     return int(gap.sum())
 
 
-def fit(periods: Sequence[Period], *, horizon_h: float, seed: int, negatives: float = 1.0
-        ) -> FailureModel | None:
+def fit(periods: Sequence[Period], *, horizon_h: float, seed: int, negatives: float = 1.0,
+        nic_weight: float = 1.0) -> FailureModel | None:
     """The head fitted on the periods' fit and calibration rows, calibrated out of fold;
     None when they hold fewer than ``MIN_FAILURES`` network failures (or no NIC rows).
 
@@ -162,7 +167,10 @@ def fit(periods: Sequence[Period], *, horizon_h: float, seed: int, negatives: fl
     that share of the rows that no network failure follows (drawn with ``seed``), each
     weighing ``1 / negatives`` in the fit and the calibration, so probabilities keep the
     base rate (what the fleet prior's many node-days need); a period's rows with a
-    failure ahead weigh its ``weight``."""
+    failure ahead weigh its ``weight``. ``nic_weight``: the rows with a NIC failure ahead
+    weigh that many times more in the boosters (not in the calibration, so probabilities
+    keep the base rate): NIC failures are a few of a fleet prior's network failures, and
+    at weight 1 its head caught none (``prior.NIC_WEIGHT``)."""
     if not 0 < negatives <= 1:
         raise ValueError(f"negatives={negatives} must be in (0, 1]: the share of rows "
                          "without a network failure ahead that the head fits on")
@@ -185,25 +193,30 @@ def fit(periods: Sequence[Period], *, horizon_h: float, seed: int, negatives: fl
         every, pw, negative = _subset(every, keep), pw[keep], 1.0 / negatives
     weight = (np.where(every.y, pw, negative)
               if negatives < 1 or (pw[every.y] != 1.0).any() else None)
+    fit_weight = weight
+    if nic_weight != 1.0 and every.nic.any():
+        fit_weight = (np.ones(len(every.y)) if weight is None else weight) * np.where(
+            every.nic, nic_weight, 1.0)
     return fit_matrix(every.X, every.y, every.ts, list(nic_features.FEATURE_NAMES),
-                      horizon_h=horizon_h, seed=seed, weight=weight)
+                      horizon_h=horizon_h, seed=seed, weight=weight, fit_weight=fit_weight)
 
 
 def fit_matrix(X: np.ndarray, y: np.ndarray, ts: np.ndarray, names: list[str], *,
-               horizon_h: float, seed: int, weight: np.ndarray | None = None
-               ) -> FailureModel:
+               horizon_h: float, seed: int, weight: np.ndarray | None = None,
+               fit_weight: np.ndarray | None = None) -> FailureModel:
     """A head booster fitted on every row, calibrated on the out-of-fold margins of
     ``FOLDS`` boosters each fitted without one block of time (``ts``) and without the rows
     within ``horizon_h`` of it on either side: their labels look ahead to the same
     failures as the block's rows (a purge; without it the calibrator learnt from margins
     that had seen the answer at every block's edges). A plain prior shift when a fold
     leaves no positive (or no negative) to fit on. ``weight``: row weights for both
-    (None: 1)."""
+    (None: 1); ``fit_weight``: the boosters' own, when they differ."""
+    fw = weight if fit_weight is None else fit_weight
 
     def booster(mask: np.ndarray) -> FailureModel:
         m = FailureModel(horizon_h=horizon_h, seed=seed, **PARAMS)  # type: ignore[arg-type]
         return m.fit(X[mask], y[mask], feature_names=names,
-                     sample_weight=None if weight is None else weight[mask])
+                     sample_weight=None if fw is None else fw[mask])
 
     t = ts.astype("datetime64[us]").astype(np.int64)
     edges = np.quantile(t, np.linspace(0.0, 1.0, FOLDS + 1))
@@ -224,7 +237,7 @@ def fit_matrix(X: np.ndarray, y: np.ndarray, ts: np.ndarray, names: list[str], *
 
 
 def _subset(r: Rows, mask: np.ndarray) -> Rows:
-    return Rows(r.ts[mask], r.node[mask], r.X[mask], r.y[mask], r.after[mask])
+    return Rows(r.ts[mask], r.node[mask], r.X[mask], r.y[mask], r.after[mask], r.nic[mask])
 
 
 def predict_grid(head: FailureModel, store: Store, lo: dt.datetime, hi: dt.datetime,
