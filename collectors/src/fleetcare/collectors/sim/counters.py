@@ -90,7 +90,6 @@ class Counters:
             self.state[name] = np.zeros((self.G, nlinks), dtype=LINK_DTYPE)
         # per GPU: whether its per-link counter is not all zero (only their rows are copied)
         self.nonzero = {name: np.zeros(self.G, dtype=bool) for name in LINK_COUNTERS}
-        self._kept: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
     def _day(self, day: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
         """This group's benign events of ``day``: {kind: (local gpu, t, link)}, cached."""
@@ -124,10 +123,11 @@ class Counters:
             out[name] = (g[sel], t[sel], link[sel])
         return out
 
-    def advance(self, ticks: np.ndarray, keep: np.ndarray | None = None
-                ) -> dict[str, np.ndarray]:
+    def advance(self, ticks: np.ndarray, keep: np.ndarray | None = None,
+                kept: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
         """Values at ``ticks`` (seconds, increasing, > previous) of the rows ``keep``
-        (bool (T, G); default all), tick-major: {name: (rows[, L])}. The state advances
+        (bool (T, G); default all), tick-major: {name: (rows[, L])}; ``kept``:
+        ``kept_rows(keep)`` when the caller holds it. The state advances
         for every GPU whatever ``keep`` says."""
         t_prev, t_end = self.t, float(ticks[-1])
         T = len(ticks)
@@ -144,8 +144,7 @@ class Counters:
         # every row starts as its GPU's state before this advance; the special GPUs'
         # rows are then overwritten with their own values
         out = _Rows(self.state, T, keep,
-                    {name: np.flatnonzero(m) for name, m in self.nonzero.items()},
-                    self._kept_rows(keep))
+                    {name: np.flatnonzero(m) for name, m in self.nonzero.items()}, kept)
         # GPUs with no repair or replacement in (t_prev, t_end] share one time grid; those
         # with one are computed together on a grid that also holds the reset times
         touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
@@ -155,19 +154,6 @@ class Counters:
                                     self.repl_t[rp], self.repl_gpu[rp]))
         self.t = t_end
         return out.cols
-
-    def _kept_rows(self, keep: np.ndarray | None) -> tuple[np.ndarray, np.ndarray] | None:
-        """For ``keep`` (T, G): each kept row's GPU and each (tick, GPU)'s kept row. The
-        last is cached: nodes go down and come back rarely, so ticks repeat it."""
-        if keep is None:
-            return None
-        last = self._kept
-        if last is not None and last[0].shape == keep.shape and np.array_equal(last[0], keep):
-            return last[1], last[2]
-        g_of = np.nonzero(keep)[1]  # tick-major
-        pos = (np.cumsum(keep.ravel()) - 1).reshape(keep.shape)
-        self._kept = (keep.copy(), g_of, pos)
-        return g_of, pos
 
     def _advance_gpu(self, g: int, ticks: np.ndarray, t_prev: float, rs: np.ndarray,
                      rp: np.ndarray, eps: np.ndarray, ep_g: np.ndarray, benign: dict,
@@ -309,6 +295,12 @@ class Counters:
         return out
 
 
+def kept_rows(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For ``keep`` (T, G): each kept row's GPU (tick-major) and each (tick, GPU)'s kept
+    row."""
+    return np.nonzero(keep)[1], (np.cumsum(keep.ravel()) - 1).reshape(keep.shape)
+
+
 class _Rows:
     """The output rows of one advance: each GPU's prior state, repeated per tick and
     kept where ``keep`` says (tick-major), with ``put`` overwriting some GPUs' rows.
@@ -318,7 +310,7 @@ class _Rows:
     def __init__(self, state: dict[str, np.ndarray], T: int, keep: np.ndarray | None,
                  nonzero: dict[str, np.ndarray] | None = None,
                  kept: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """``kept``: ``Counters._kept_rows(keep)`` when known."""
+        """``kept``: ``kept_rows(keep)`` when known."""
         self.T, self.keep = T, keep
         self.G = len(next(iter(state.values())))
         # each kept row's GPU, and the kept row of each (tick, GPU)
@@ -340,7 +332,7 @@ class _Rows:
                 self.cols[name] = col
             else:
                 if g_of is None:
-                    g_of = np.nonzero(keep)[1]  # each kept row's GPU, tick-major
+                    g_of = kept_rows(keep)[0]
                 self.cols[name] = st.take(g_of, axis=0)
 
     def put(self, name: str, gs: np.ndarray, vals: np.ndarray) -> None:
@@ -351,7 +343,7 @@ class _Rows:
             self.cols[name][rows.ravel()] = v.reshape(-1, *v.shape[2:])
             return
         if self.pos is None:
-            self.pos = (np.cumsum(self.keep.ravel()) - 1).reshape(self.keep.shape)
+            self.pos = kept_rows(self.keep)[1]
         m = self.keep[:, gs]
         self.cols[name][self.pos[:, gs][m]] = v[m]
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from fleetcare.collectors.contract import GpuSample, Incident, XidEvent, utc
 from fleetcare.collectors.heap import keep_freed_blocks
-from fleetcare.collectors.sim.counters import Counters
+from fleetcare.collectors.sim.counters import Counters, kept_rows
 from fleetcare.collectors.sim.episodes import (
     FLAP_S,
     HBM,
@@ -169,7 +169,8 @@ class Group:
         self.gpu_index = np.tile(np.arange(gpn, dtype=np.int64), len(self.nodes))
         for a in (self.node_col, self.uuids, self.gpu_index, self.pci, self.model_col):
             a.flags.writeable = False  # a one-tick chunk of the whole group gives them as is
-        self._ident: tuple[int, np.ndarray | None, dict[str, np.ndarray]] | None = None
+        self._layout: tuple[int, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None,
+                            dict[str, np.ndarray]] | None = None
         self._blocks: tuple[np.ndarray, tuple[np.ndarray, ...]] | None = None  # jobs()
 
     # -- healthy behaviour -------------------------------------------------------------
@@ -223,7 +224,8 @@ class Group:
         down = self.down(ticks)
         # rows of down nodes are never built: every column is taken at ``keep`` once
         keep = ~np.repeat(down, gpn, axis=1) if down.any() else None
-        cnt = self.counters.advance(ticks, keep)
+        kept, identity = self.layout(T, keep)
+        cnt = self.counters.advance(ticks, keep, kept)
         busy_n, inten_n = self.jobs(ticks)
         busy = np.repeat(busy_n, gpn, axis=1)
         inten = np.repeat(inten_n, gpn, axis=1).astype(np.float32)
@@ -325,7 +327,7 @@ class Group:
                 up[row_of(on, self.local[ep.flap_gpu[i]]), ep.flap_link[i] % m.nvlinks] = False
         cols: dict[str, np.ndarray] = {
             "ts": ts_col,
-            **self.identity(T, keep),
+            **identity,
             "gpu_temp_c": rows(gtemp).astype(np.float64),
             "mem_temp_c": rows(mtemp).astype(np.float64),
             "power_w": np.round(rows(power).astype(np.float64), 1),
@@ -358,16 +360,18 @@ class Group:
         }
         return cols
 
-    def identity(self, T: int, keep: np.ndarray | None) -> dict[str, np.ndarray]:
-        """The identity columns (node, GPU, PCI, model) of ``T`` ticks' rows kept where
-        ``keep`` says, read-only. The last one is cached: down nodes change rarely, so
-        a tick usually repeats the previous one's (a copy of four object columns of
-        100,000 rows each was a tenth of a tick)."""
-        if self._ident is not None:
-            t0, k0, cols = self._ident
+    def layout(self, T: int, keep: np.ndarray | None
+               ) -> tuple[tuple[np.ndarray, np.ndarray] | None, dict[str, np.ndarray]]:
+        """For ``T`` ticks' rows kept where ``keep`` says: ``counters.kept_rows(keep)``
+        (None for every row) and the identity columns (node, GPU, PCI, model), read-only.
+        The last one is cached: down nodes change rarely, so a tick usually repeats the
+        previous one's (a copy of four object columns of 100,000 rows each was a tenth of
+        a tick)."""
+        if self._layout is not None:
+            t0, k0, kept, cols = self._layout
             if t0 == T and (k0 is None if keep is None
                             else k0 is not None and np.array_equal(k0, keep)):
-                return cols
+                return kept, cols
         base = {"node": self.node_col, "gpu_uuid": self.uuids, "gpu_index": self.gpu_index,
                 "pci_bus_id": self.pci, "model": self.model_col}
         if keep is None and T == 1:
@@ -380,8 +384,9 @@ class Group:
                 col = col if flat is None else col[flat]
                 col.flags.writeable = False
                 cols[name] = col
-        self._ident = (T, None if keep is None else keep.copy(), cols)
-        return cols
+        kept = None if keep is None else kept_rows(keep)
+        self._layout = (T, None if keep is None else keep.copy(), kept, cols)
+        return kept, cols
 
     def nic_step(self, ticks: np.ndarray) -> dict[str, np.ndarray] | None:
         """NIC port samples at ``ticks`` (None: the fleet has no NIC ports)."""
