@@ -151,15 +151,26 @@ def test_sparse_rows_equal_rows_copied_from_the_state(sim, monkeypatch, share):
 
 
 def test_identity_columns_are_shared_read_only(sim):
-    """The identity columns of a one-tick chunk are given as they are (or as kept
-    last time), so no consumer may write them."""
+    """The identity and constant columns of a one-tick chunk are given as they are (or
+    as kept last time), so no consumer may write them; ``nvlink_up`` too until a link
+    flaps, and then the chunk has its own."""
     grp = sim.groups()[0]
     a = grp.step(np.array([60.0]), np.random.default_rng(1))
     b = grp.step(np.array([120.0]), np.random.default_rng(2))
-    for k in ("node", "gpu_uuid", "gpu_index", "pci_bus_id", "model"):
-        assert not a[k].flags.writeable and np.array_equal(a[k], b[k])
+    for k in ("node", "gpu_uuid", "gpu_index", "pci_bus_id", "model", "power_limit_w",
+              "mem_clock_mhz", "fb_total_mib", "pcie_link_gen_max", "pcie_link_width_max",
+              "nvlink_up"):
+        assert not a[k].flags.writeable and np.array_equal(a[k], b[k]), k
+        assert a[k] is b[k], k
         with pytest.raises(ValueError, match="read-only"):
             a[k][0] = a[k][1]
+    assert a["nvlink_up"].all()
+    flap = int(np.flatnonzero(grp.local[sim.episodes.flap_gpu] >= 0)[0])
+    t = float(sim.episodes.flap_t[flap])
+    c = grp.step(np.array([t, t + 60.0]), np.random.default_rng(3))
+    d = grp.step(np.array([t + 7200.0, t + 7260.0]), np.random.default_rng(4))
+    assert not c["nvlink_up"].all() and c["nvlink_up"].flags.writeable
+    assert d["nvlink_up"].all() and not d["nvlink_up"].flags.writeable
 
 
 def test_job_blocks_drawn_again_only_where_they_changed(sim):
@@ -176,6 +187,36 @@ def test_job_blocks_drawn_again_only_where_they_changed(sim):
         crossed += int((grp._blocks[0] != np.floor(
             (t - 600 + grp.phase) / 21600.0)).sum())
     assert crossed > len(grp.nodes)  # blocks did change under the cache
+
+
+def test_busy_and_up_of_pairs_is_what_jobs_and_down_say(sim):
+    """Application XIDs land on (time, node) pairs that run a job and are up: the
+    vectorised check equals asking ``jobs`` and ``down`` one pair at a time, over
+    two days with repairs (some pairs fall on down nodes)."""
+    grp = sim.groups()[0]
+    rng = np.random.default_rng(3)
+    t = rng.uniform(0, 3 * 86400, 3000)
+    n = rng.integers(0, len(grp.nodes), 3000)
+    ref = np.array([bool(grp.jobs(np.array([tt]), np.array([nn]))[0][0, 0])
+                    and not grp.down(np.array([tt]))[0, nn]
+                    for tt, nn in zip(t.tolist(), n.tolist(), strict=True)])
+    got = grp.busy_and_up(t, n)
+    assert np.array_equal(got, ref)
+    down = np.array([grp.down(np.array([tt]))[0, nn] for tt, nn in zip(t, n, strict=True)])
+    assert down.sum() > 10 and ref.sum() > 1000  # both branches were taken
+
+
+def test_down_marks_each_tick_of_every_repair(sim):
+    """``down`` over many ticks equals marking each repair interval in turn, and one
+    tick at a time (repairs start and end inside the ticks)."""
+    grp = sim.groups()[0]
+    ticks = 300.0 * np.arange(0, 864)
+    ref = np.zeros((len(ticks), len(grp.nodes)), dtype=bool)
+    for t0, t1, node in zip(grp.down_t0, grp.down_t1, grp.down_node, strict=True):
+        ref[(ticks >= t0) & (ticks < t1), node] = True
+    assert ref.sum() > 100
+    assert np.array_equal(grp.down(ticks), ref)
+    assert np.array_equal(ref, np.vstack([grp.down(ticks[i:i + 1]) for i in range(len(ticks))]))
 
 
 HISTORY_DIGEST = "04b776ebd991e9c4c376fb82aac044e9a41771f6ac5dc3466a3fef26128d539c"

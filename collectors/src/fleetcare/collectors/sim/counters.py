@@ -100,8 +100,12 @@ class Counters:
         out = {}
         for name, cum in self.fleet_cum.items():
             k = rng.poisson(cum[-1] * DAY_S)
-            g = np.minimum(np.searchsorted(cum, rng.random(k) * cum[-1], side="right"),
-                           len(cum) - 1)
+            u = rng.random(k) * cum[-1]
+            # looked up in increasing order (each search starts where the last ended;
+            # random order missed the cache at every step: 8 ms a day at 100,000 GPUs)
+            order = np.argsort(u, kind="stable")
+            g = np.empty(k, dtype=np.int64)
+            g[order] = np.minimum(np.searchsorted(cum, u[order], side="right"), len(cum) - 1)
             t = day * DAY_S + rng.random(k) * DAY_S
             link = rng.integers(0, MAX_LINKS, size=k)
             local = self.local_of[g]
@@ -253,7 +257,7 @@ class Counters:
             else:
                 inc = np.zeros((S, K + 1), np.int64)
                 np.add.at(inc, (r[keep], j), 1)
-            c[name] += np.cumsum(inc, axis=1)[:, :K]
+            c[name] += _running_sum(inc)[:, :K]
         c["ce_v"] = c["ce_a"] = c.pop("ce")
         c["ue_v"] = c["ue_a"] = c.pop("ue")
         ti = np.searchsorted(times, ticks)
@@ -261,7 +265,15 @@ class Counters:
         since = {} if resets is None else self._last_resets(gs, row_of, times, ti, resets)
         for name, st in self.state.items():
             cv = c[name]
-            rows = link_rows if cv.ndim == 3 else slice(None)
+            rows = link_rows if cv.ndim == 3 else np.arange(S)
+            if resets is None:
+                # a GPU whose count does not move keeps its state, which its rows hold
+                # already (a catch-up's many GPUs with a benign event move one or two
+                # counters of eleven)
+                moved = (cv[:, ti] != cv[:, i_prev, None]).reshape(len(cv), -1).any(axis=1)
+                cv, rows = cv[moved], rows[moved]
+                if not len(rows):
+                    continue
             at = gs[rows]
             vals = cv[:, ti] + (st[at] - cv[:, i_prev])[:, None]  # (S, T[, L])
             last = since.get("vol" if name in VOLATILE else "agg")
@@ -293,6 +305,17 @@ class Counters:
             at[r, k] = k
             out[kind] = np.maximum.accumulate(at, axis=1)[:, ti]
         return out
+
+
+def _running_sum(inc: np.ndarray) -> np.ndarray:
+    """``np.cumsum(inc, axis=1)``, in place. With few columns (a tick or two, as a 100,000-GPU
+    fleet advances), one add per column over all rows: numpy's cumsum runs a loop as long
+    as the axis once per row, which costs more than the adds."""
+    if inc.shape[1] > 16:
+        return np.cumsum(inc, axis=1)
+    for k in range(1, inc.shape[1]):
+        inc[:, k] += inc[:, k - 1]
+    return inc
 
 
 def kept_rows(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

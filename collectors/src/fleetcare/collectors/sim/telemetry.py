@@ -16,9 +16,10 @@ A chunk's ``samples`` maps exact ``GpuSample`` field names to arrays of one row 
 (tick, GPU), tick-major; ``ts`` is datetime64[us] (UTC), strings are object arrays,
 ``nvlink_*`` are (rows, links), the per-link counters int32 (``counters.LINK_DTYPE``);
 ``retired_pages_*`` are absent (null: row remapping replaced page retirement on
-A100/H100/H200). The identity columns (node, GPU uuid/index, PCI bus id, model) are
-read-only and may be shared between chunks. A mixed-model fleet yields one chunk per
-model per time range (the NVLink width differs).
+A100/H100/H200). The identity columns (node, GPU uuid/index, PCI bus id, model), the
+model's constants (power limit, memory clock and size, PCIe maxima) and ``nvlink_up``
+when no link is down are read-only and may be shared between chunks. A mixed-model
+fleet yields one chunk per model per time range (the NVLink width differs).
 """
 
 from __future__ import annotations
@@ -208,9 +209,24 @@ class Group:
         """(T, N) True where the node is down for repair."""
         out = np.zeros((len(t), len(self.nodes)), dtype=bool)
         hit = np.flatnonzero((self.down_t0 <= t[-1]) & (self.down_t1 > t[0]))
-        for i in hit.tolist():
-            out[(t >= self.down_t0[i]) & (t < self.down_t1[i]), self.down_node[i]] = True
+        if len(hit):
+            at, i = np.nonzero((t[:, None] >= self.down_t0[hit]) & (t[:, None] < self.down_t1[hit]))
+            out[at, self.down_node[hit[i]]] = True
         return out
+
+    def busy_and_up(self, t: np.ndarray, nodes_local: np.ndarray) -> np.ndarray:
+        """For pairs (``t[i]``, ``nodes_local[i]``): whether that node runs a job and is
+        not down for repair at that time; the values ``jobs`` and ``down`` give."""
+        shifted = t + self.phase[nodes_local]
+        block = np.floor(shifted / JOB_BLOCK_S)
+        b = block.astype(np.int64)
+        nodes = self.nodes[nodes_local]
+        seed = self.sim.spec.seed
+        u1, u2 = (hash_uniform(seed, nodes, b, k) for k in (1, 2))
+        busy = (u1 >= 0.08) & (shifted - block * JOB_BLOCK_S >= JOB_BLOCK_S * 0.25 * u2**2)
+        down = ((t[:, None] >= self.down_t0) & (t[:, None] < self.down_t1)
+                & (nodes_local[:, None] == self.down_node)).any(axis=1)
+        return busy & ~down
 
     def sensor_noise(self, T: int, rng: np.random.Generator) -> np.ndarray:
         """Standard normal noise (3, T, G) for ``step``: ``rng``'s first draws."""
@@ -224,7 +240,7 @@ class Group:
         down = self.down(ticks)
         # rows of down nodes are never built: every column is taken at ``keep`` once
         keep = ~np.repeat(down, gpn, axis=1) if down.any() else None
-        kept, identity = self.layout(T, keep)
+        kept, fixed = self.layout(T, keep)
         cnt = self.counters.advance(ticks, keep, kept)
         busy_n, inten_n = self.jobs(ticks)
         busy = np.repeat(busy_n, gpn, axis=1)
@@ -318,26 +334,28 @@ class Group:
                 before = np.cumsum(np.count_nonzero(keep, axis=1)) - np.count_nonzero(keep, axis=1)
                 return before[t_idx] + np.count_nonzero(keep[t_idx, :g], axis=1)
 
-        up = np.ones((n, m.nvlinks), dtype=bool)
+        up = fixed["nvlink_up"]  # read-only, every link up: copied when one flaps
         if len(self.flap_sel):
             ft = ep.flap_t[self.flap_sel]
             hit = np.flatnonzero((ft <= ticks[-1]) & (ft + FLAP_S > ticks[0]))
+            if len(hit):
+                up = up.copy()
             for i in self.flap_sel[hit].tolist():
                 on = np.flatnonzero((ticks >= ep.flap_t[i]) & (ticks < ep.flap_t[i] + FLAP_S))
                 up[row_of(on, self.local[ep.flap_gpu[i]]), ep.flap_link[i] % m.nvlinks] = False
         cols: dict[str, np.ndarray] = {
             "ts": ts_col,
-            **identity,
+            **{k: fixed[k] for k in ("node", "gpu_uuid", "gpu_index", "pci_bus_id", "model")},
             "gpu_temp_c": rows(gtemp).astype(np.float64),
             "mem_temp_c": rows(mtemp).astype(np.float64),
             "power_w": np.round(rows(power).astype(np.float64), 1),
-            "power_limit_w": np.full(n, m.power_limit_w),
+            "power_limit_w": fixed["power_limit_w"],
             "sm_clock_mhz": rows(sm),
-            "mem_clock_mhz": np.full(n, m.mem_clock_mhz, dtype=np.int64),
+            "mem_clock_mhz": fixed["mem_clock_mhz"],
             "util_gpu_pct": rows(util).astype(np.float64),
             "util_mem_pct": rows(util_mem).astype(np.float64),
             "fb_used_mib": rows(fb),
-            "fb_total_mib": np.full(n, m.fb_total_mib, dtype=np.int64),
+            "fb_total_mib": fixed["fb_total_mib"],
             "ecc_corrected_volatile": cnt["ce_v"],
             "ecc_uncorrected_volatile": cnt["ue_v"],
             "ecc_corrected_aggregate": cnt["ce_a"],
@@ -348,9 +366,9 @@ class Group:
             "remapped_rows_failure": rows(rfail),
             "pcie_replay_count": cnt["pcie"],
             "pcie_link_gen": rows(gen),
-            "pcie_link_gen_max": np.full(n, m.pcie_gen, dtype=np.int64),
+            "pcie_link_gen_max": fixed["pcie_link_gen_max"],
             "pcie_link_width": rows(width),
-            "pcie_link_width_max": np.full(n, m.pcie_width, dtype=np.int64),
+            "pcie_link_width_max": fixed["pcie_link_width_max"],
             "nvlink_up": up,
             "nvlink_crc_flit": cnt["nv_flit"],
             "nvlink_crc_data": cnt["nv_data"],
@@ -363,10 +381,12 @@ class Group:
     def layout(self, T: int, keep: np.ndarray | None
                ) -> tuple[tuple[np.ndarray, np.ndarray] | None, dict[str, np.ndarray]]:
         """For ``T`` ticks' rows kept where ``keep`` says: ``counters.kept_rows(keep)``
-        (None for every row) and the identity columns (node, GPU, PCI, model), read-only.
-        The last one is cached: down nodes change rarely, so a tick usually repeats the
-        previous one's (a copy of four object columns of 100,000 rows each was a tenth of
-        a tick)."""
+        (None for every row) and the columns that do not change while the same nodes are
+        up, read-only: identity (node, GPU, PCI, model), the model's constants (power
+        limit, memory clock, memory size, PCIe maxima) and ``nvlink_up`` with every link
+        up. The last one is cached: down nodes change rarely, so a tick usually repeats
+        the previous one's (a copy of four object columns of 100,000 rows each was a
+        tenth of a tick; the constants' five columns and the links 0.1)."""
         if self._layout is not None:
             t0, k0, kept, cols = self._layout
             if t0 == T and (k0 is None if keep is None
@@ -375,7 +395,7 @@ class Group:
         base = {"node": self.node_col, "gpu_uuid": self.uuids, "gpu_index": self.gpu_index,
                 "pci_bus_id": self.pci, "model": self.model_col}
         if keep is None and T == 1:
-            cols = base
+            cols = dict(base)
         else:
             flat = None if keep is None else keep.ravel()
             cols = {}
@@ -384,6 +404,18 @@ class Group:
                 col = col if flat is None else col[flat]
                 col.flags.writeable = False
                 cols[name] = col
+        # the model's constants, and every link up (``step`` copies it when a link flaps)
+        m, n = self.model, len(cols["node"])
+        for name, value, dtype in (
+                ("power_limit_w", m.power_limit_w, np.float64),
+                ("mem_clock_mhz", m.mem_clock_mhz, np.int64),
+                ("fb_total_mib", m.fb_total_mib, np.int64),
+                ("pcie_link_gen_max", m.pcie_gen, np.int64),
+                ("pcie_link_width_max", m.pcie_width, np.int64)):
+            cols[name] = np.full(n, value, dtype=dtype)
+        cols["nvlink_up"] = np.ones((n, m.nvlinks), dtype=bool)
+        for col in cols.values():
+            col.flags.writeable = False
         kept = None if keep is None else kept_rows(keep)
         self._layout = (T, None if keep is None else keep.copy(), kept, cols)
         return kept, cols
@@ -408,9 +440,7 @@ class Group:
         k = rng.poisson(N * (b - a) / (APP_XID_NODE_DAYS * 86400.0))
         an = rng.integers(0, N, size=k)
         at = rng.uniform(a, b, size=k)
-        ok = np.array([bool(self.jobs(np.array([tt]), np.array([nn]))[0][0, 0])
-                       and not self.down(np.array([tt]))[0, nn]
-                       for tt, nn in zip(at.tolist(), an.tolist(), strict=True)], dtype=bool)
+        ok = self.busy_and_up(at, an)
         ag = self.gpus[an * self.gpn + rng.integers(0, self.gpn, size=k)]
         ax = rng.choice([v for v, _ in APP_XIDS], size=k, p=[p for _, p in APP_XIDS])
         t, g, x = np.r_[t, at[ok]], np.r_[g, ag[ok]], np.r_[x, ax[ok]]
