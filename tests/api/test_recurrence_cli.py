@@ -28,12 +28,14 @@ def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
 
 
 def test_recurrence_ranks_repeat_offenders_from_imported_history(tmp_path: Path) -> None:
-    db = str(tmp_path / "f.duckdb")
-    out = run("simulate", "--db", db, "--nodes", "1", "--days", "1")  # a database to hold them
-    assert out.returncode == 0, out.stderr
+    # a new customer's first step: tickets into a database that does not exist yet
+    db = str(tmp_path / "new" / "f.duckdb")
     out = run("incident", "import", "--csv", "-", "--db", db, "--json", stdin=CSV)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["added"] == 8
+    assert out.stderr.strip() == f"fleetcare incident: created database {db}"
+    again = run("incident", "import", "--csv", "-", "--db", db, "--json", stdin=CSV)
+    assert json.loads(again.stdout)["duplicates"] == 8 and "created" not in again.stderr
     out = run("recurrence", "--db", db, "--at", "2026-02-01T00:00:00Z", "--json")
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -55,6 +57,13 @@ def test_recurrence_ranks_repeat_offenders_from_imported_history(tmp_path: Path)
 def test_recurrence_errors_are_one_line(tmp_path: Path) -> None:
     missing = run("recurrence", "--db", str(tmp_path / "none.duckdb"))
     assert missing.returncode != 0 and "does not exist" in missing.stderr
+    assert "fleetcare incident import --csv FILE --db" in missing.stderr
+    assert not (tmp_path / "none.duckdb").exists()
+    bad_csv = run("incident", "import", "--csv", "-", "--db", str(tmp_path / "none.duckdb"),
+                  stdin="ts,node\n2026-01-05T00:00:00Z,a\n")
+    assert bad_csv.returncode == 1 and "nothing imported" in bad_csv.stderr
+    assert "Traceback" not in bad_csv.stderr
+    assert not (tmp_path / "none.duckdb").exists()  # a refused import creates nothing
     assert "Traceback" not in missing.stderr and len(missing.stderr.strip().splitlines()) == 1
     db = str(tmp_path / "f.duckdb")
     assert run("simulate", "--db", db, "--nodes", "1", "--days", "1").returncode == 0

@@ -241,11 +241,13 @@ def open_store(db: str, *, lake: str | None = None, create: bool = False,
     return store
 
 
-def existing_db(db: str) -> str:
-    """``db`` if the file exists, else a CliError saying how to make one."""
+def existing_db(db: str, make: str | None = None) -> str:
+    """``db`` if the file exists, else a CliError saying how to make one (``make``: the
+    command that would, default ``fleetcare simulate --db DB``)."""
     if not Path(db).exists():
-        raise CliError(f"database {db} does not exist: create it with "
-                       f"`fleetcare simulate --db {db}` or point --db at an existing one")
+        make = make or f"fleetcare simulate --db {db}"
+        raise CliError(f"database {db} does not exist: create it with `{make}` or point "
+                       f"--db at an existing one")
     return db
 
 

@@ -73,11 +73,19 @@ def _read(path: str) -> str:
         raise ValueError(f"cannot read {path}: {exc.strerror}") from None
 
 
-def _store(db: str) -> Any:
+def _store(db: str, create: bool) -> Any:
+    """The store at ``db``; with ``create`` a new one when there is none (a fleet's
+    history starts with its tickets or Slurm's events: nothing else needs to exist), said
+    on stderr."""
     from fleetcare.api.commands.common import existing_db
     from fleetcare.pipeline.store import Store
 
-    return Store(existing_db(db))
+    if create and not Path(db).exists():
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+        store = Store(db)
+        print(f"fleetcare incident: created database {db}", file=sys.stderr)
+        return store
+    return Store(existing_db(db, make=f"fleetcare incident import --csv FILE --db {db}"))
 
 
 def run(args: argparse.Namespace, cfg: Any) -> int:
@@ -101,7 +109,7 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
             ts=incidents.parse_time(args.at), node=args.node, kind=args.kind,
             cause=args.cause, source="operator", gpu_uuid=args.gpu, mode=args.mode,
             note=args.note)
-    store = _store(args.db)
+    store = _store(args.db, create=action in ("import", "add"))
     try:
         if action == "list":
             rows = incidents.list_incidents(store, node=args.node, kind=args.kind,

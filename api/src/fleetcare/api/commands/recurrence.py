@@ -45,7 +45,8 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
         raise CliError(f"--at: {exc}") from None
     if args.limit is not None and args.limit < 1:
         raise CliError(f"--limit {args.limit}: give 1 or more nodes")
-    store = Store(existing_db(args.db or cfg.db))
+    db = args.db or cfg.db
+    store = Store(existing_db(db, make=f"fleetcare incident import --csv FILE --db {db}"))
     try:
         history = recurrence.store_history(store, at)
     finally:
