@@ -270,7 +270,7 @@ class Counters:
                 # a GPU whose count does not move keeps its state, which its rows hold
                 # already (a catch-up's many GPUs with a benign event move one or two
                 # counters of eleven)
-                moved = (cv[:, ti] != cv[:, i_prev, None]).reshape(len(cv), -1).any(axis=1)
+                moved = (cv[:, ti] != cv[:, i_prev, None]).any(axis=tuple(range(1, cv.ndim)))
                 cv, rows = cv[moved], rows[moved]
                 if not len(rows):
                     continue
