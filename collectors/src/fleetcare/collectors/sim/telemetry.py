@@ -133,6 +133,7 @@ class Group:
         self.mem_off = mem_off[self.gpus].astype(np.float32)
         self.eff = eff[self.gpus].astype(np.float32)
         self.rack_off = rack_off[self.nodes]
+        self.rack_off_g = np.repeat(self.rack_off, gpn)  # each GPU's rack
         self.phase = hash_uniform(spec.seed, self.nodes, np.zeros_like(self.nodes), 0) * JOB_BLOCK_S
         # node down intervals and resets from the plan
         pos = np.full(spec.nodes, -1, dtype=np.int64)  # fleet node -> this group's
@@ -248,7 +249,7 @@ class Group:
         start = self.sim.spec.start
         hod = (ticks / 3600.0 + start.hour + start.minute / 60.0) % 24.0
         amb = 24.0 + 2.0 * np.sin(2 * np.pi * (hod - 9.0) / 24.0)
-        amb_g = (amb[:, None] + np.repeat(self.rack_off, gpn)[None, :]).astype(np.float32)
+        amb_g = (amb[:, None] + self.rack_off_g[None, :]).astype(np.float32)
         noise = self.sensor_noise(T, rng) if noise is None else noise
         # (masks multiply rather than ``np.where``: a where with a scalar branch costs
         # several times the arithmetic at 100,000 GPUs)
@@ -295,10 +296,17 @@ class Group:
                    | bits[2] * np.uint8(SW_THERMAL) | bits[3] * np.uint8(HW_THERMAL))
         sm = np.where(busy, m.sm_clock_max_mhz - (120 + 60 * np.abs(noise[0])) * capped,
                       np.float32(m.sm_clock_idle_mhz))
-        sm = sm * _THROTTLE[bits[2] + bits[3]]  # hw_thermal implies sw_thermal
+        sm = sm.astype(np.float64)
+        hot = np.flatnonzero(sw_thermal)  # few: the others' factor is 1
+        if len(hot):  # hw_thermal implies sw_thermal
+            sm.reshape(-1)[hot] *= _THROTTLE[bits[2].reshape(-1)[hot] + bits[3].reshape(-1)[hot]]
         sm = (np.rint(sm / 15.0) * 15).astype(np.int64)
         np.multiply(power, 0.85, out=power, where=sw_thermal)
-        gen = (m.pcie_gen - 1 - gen_drop.view(np.uint8).astype(np.int64)) * busy + 1
+        gen = busy.astype(np.int64)  # busy links at their generation (a step lower when
+        gen *= m.pcie_gen - 1  # downtrained), idle ones at gen 1
+        if gen_drop.any():
+            gen -= gen_drop & busy
+        gen += 1
         util = np.rint(93 + 5 * noise[2])
         np.clip(util, 0, 100, out=util)
         util *= busy
