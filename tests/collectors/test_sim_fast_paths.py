@@ -250,23 +250,24 @@ def test_history_draws_are_what_they_were():
     assert h.hexdigest() == HISTORY_DIGEST
 
 
-def test_history_left_early_ends_its_noise_thread(sim):
-    """``history`` draws the next chunk's noise on a second thread; a consumer that
-    stops early (closes the generator) leaves no thread behind."""
+def test_history_left_early_ends_its_draw_thread(sim):
+    """``history`` draws ahead on a second thread (the fleet's traits and days, the next
+    chunk's noise); a consumer that stops early (closes the generator) leaves no thread
+    behind."""
     import threading
     import time
 
-    def noise_threads() -> int:
-        return sum(t.name.startswith("fleetcare-sim-noise") for t in threading.enumerate())
+    def draw_threads() -> int:
+        return sum(t.name.startswith("fleetcare-sim-draws") for t in threading.enumerate())
 
     chunks = sim.history(SPEC.start, SPEC.start + dt.timedelta(days=2), interval_s=60)
     next(chunks), next(chunks)
-    assert noise_threads() == 1
+    assert draw_threads() == 1
     chunks.close()
     deadline = time.monotonic() + 5
-    while noise_threads() and time.monotonic() < deadline:
+    while draw_threads() and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert noise_threads() == 0
+    assert draw_threads() == 0
 
 
 def test_a_healthy_fleet_advances_with_no_gpu_to_move():
@@ -280,3 +281,24 @@ def test_a_healthy_fleet_advances_with_no_gpu_to_move():
     assert sum(len(c) for c in chunks) == 2 * 8 * 4 * 48
     ce = np.concatenate([c.samples["ecc_corrected_aggregate"] for c in chunks]).reshape(-1, 16)
     assert (np.diff(ce, axis=0) >= 0).all()
+
+
+def test_row_adds_and_counts_equal_numpys_add_at():
+    """``counters._add_rows`` / ``_count_at`` stand in for ``np.add.at`` (slow per row):
+    the same sums with repeated rows, none, or no rows at all."""
+    from fleetcare.collectors.sim.counters import _add_rows, _count_at
+
+    rng = np.random.default_rng(3)
+    for n in (0, 1, 5, 200):
+        for shape in ((50, 3), (50, 3, 18)):
+            rows = rng.integers(0, 50 if n > 10 else 5, n)  # repeats; with n = 5, maybe not
+            v = rng.integers(0, 9, (n, *shape[1:]))
+            want, got = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+            np.add.at(want, rows, v)
+            _add_rows(got, rows, v)
+            np.testing.assert_array_equal(got, want)
+            index = tuple(rng.integers(0, k, n) for k in shape)
+            want, got = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
+            np.add.at(want, index, 1)
+            _count_at(got, index)
+            np.testing.assert_array_equal(got, want)

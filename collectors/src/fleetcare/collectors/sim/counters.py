@@ -22,19 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from fleetcare.collectors.sim.draws import DAY_S, Day, FleetDraws
 from fleetcare.collectors.sim.episodes import LINK_COUNTERS, Episodes
 
-DAY_S = 86400.0
 VOLATILE = ("ce_v", "ue_v", "pcie", *LINK_COUNTERS)
 AGGREGATE = ("ce_a", "ue_a", "rr_c", "rr_u")
-# rates per GPU-second: benign corrected ECC (median 1 per 50 days, heavy tail),
-# PCIe replays (1 per 100 days), NVLink CRC flits per link (1 per 500 days)
-CE_MEDIAN_PER_DAY = 0.02
-PCIE_PER_DAY = 0.01
-NV_FLIT_PER_LINK_DAY = 0.002
-MAX_LINKS = 18
-"""NVLink flit events are drawn over this many links per GPU and kept on the GPU's own
-links (a GPU with fewer links sees proportionally fewer)."""
 LINK_DTYPE = np.int32
 """Per-link counters are held and given out as int32 (an episode adds at most tens of
 thousands; NVML's are 64-bit, and the store widens them): they are most of a tick's
@@ -47,67 +39,47 @@ cost twice the copy at 10 %; NVLink CRC counts reach 10 % of GPUs in three days.
 
 
 class Counters:
-    def __init__(self, *, seed: int, gpus: np.ndarray, nodes_of: np.ndarray, nlinks: int,
+    def __init__(self, *, gpus: np.ndarray, nodes_of: np.ndarray, nlinks: int,
                  episodes: Episodes, resets: tuple[np.ndarray, np.ndarray],
-                 replacements: tuple[np.ndarray, np.ndarray], fleet_gpus: int) -> None:
-        """``gpus``: global ids; ``nodes_of``: local node of each; ``resets``: (time,
-        local node) of repairs; ``replacements``: (time, local gpu)."""
-        self.seed = seed
+                 replacements: tuple[np.ndarray, np.ndarray], draws: FleetDraws) -> None:
+        """``gpus``: fleet indices; ``nodes_of``: local node of each; ``resets``: (time,
+        local node) of repairs; ``replacements``: (time, local gpu); ``draws``: the
+        fleet's traits and benign days."""
         self.gpus = gpus
         self.nodes_of = nodes_of
         self.G = len(gpus)
         self.L = nlinks
         self.ep = episodes
-        local = np.full(fleet_gpus, -1, dtype=np.int64)
-        local[gpus] = np.arange(self.G)
-        self.ep_idx = np.flatnonzero(local[episodes.gpu] >= 0)
-        self.ep_local = local[episodes.gpu[self.ep_idx]]
+        self.local_of = np.full(draws.spec.gpus, -1, dtype=np.int64)
+        self.local_of[gpus] = np.arange(self.G)
+        self.ep_idx = np.flatnonzero(self.local_of[episodes.gpu] >= 0)
+        self.ep_local = self.local_of[episodes.gpu[self.ep_idx]]
         self.reset_t, self.reset_node = resets
         self.repl_t, self.repl_gpu = replacements
-        rng = np.random.default_rng([seed, 4])
-        ce_rate = CE_MEDIAN_PER_DAY * np.exp(1.5 * rng.standard_normal(fleet_gpus))
-        life_ce = np.where(rng.random(fleet_gpus) < 0.3,
-                           np.floor(np.exp(1 + 1.5 * rng.standard_normal(fleet_gpus))), 0)
-        life_rr = (rng.random(fleet_gpus) < 0.03).astype(np.int64)
-        # per fleet GPU, so a day's draw is the same whatever group asks for it
-        self.fleet_rates = {
-            "ce": ce_rate / DAY_S,
-            "pcie": np.full(fleet_gpus, PCIE_PER_DAY / DAY_S),
-            "nv_flit": np.full(fleet_gpus, NV_FLIT_PER_LINK_DAY * MAX_LINKS / DAY_S),
-        }
-        self.fleet_cum = {k: np.cumsum(v) for k, v in self.fleet_rates.items()}
-        self.local_of = np.full(fleet_gpus, -1, dtype=np.int64)
-        self.local_of[gpus] = np.arange(self.G)
-        self._days: dict[int, dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]] = {}
+        self.draws = draws
+        self._days: dict[int, Day] = {}
         self.t = 0.0
-        z = np.zeros(self.G, dtype=np.int64)
-        self.state: dict[str, np.ndarray] = {
-            "ce_v": z.copy(), "ue_v": z.copy(), "pcie": z.copy(),
-            "ce_a": life_ce[gpus].astype(np.int64), "ue_a": z.copy(),
-            "rr_c": life_rr[gpus], "rr_u": z.copy(),
-        }
+        self.state: dict[str, np.ndarray] = {}
         for name in LINK_COUNTERS:
             self.state[name] = np.zeros((self.G, nlinks), dtype=LINK_DTYPE)
-        # per GPU: whether its per-link counter is not all zero (only their rows are copied)
+        # per-link counters: whether each GPU's is not zero (few are: ``_Rows``)
         self.nonzero = {name: np.zeros(self.G, dtype=bool) for name in LINK_COUNTERS}
+        traits = draws.errors()  # (may still be being drawn: asked for last)
+        self.kinds = tuple(traits.rates)
+        z = np.zeros(self.G, dtype=np.int64)
+        self.state = {
+            "ce_v": z.copy(), "ue_v": z.copy(), "pcie": z.copy(),
+            "ce_a": traits.life_ce[gpus].astype(np.int64), "ue_a": z.copy(),
+            "rr_c": traits.life_rr[gpus], "rr_u": z.copy(), **self.state,
+        }
 
-    def _day(self, day: int) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    def _day(self, day: int) -> Day:
         """This group's benign events of ``day``: {kind: (local gpu, t, link)}, cached."""
         got = self._days.get(day)
         if got is not None:
             return got
-        rng = np.random.default_rng([self.seed, 12, day])
         out = {}
-        for name, cum in self.fleet_cum.items():
-            k = rng.poisson(cum[-1] * DAY_S)
-            u = rng.random(k) * cum[-1]
-            # looked up in increasing order (each search starts where the last ended;
-            # random order missed the cache at every step: 8 ms a day at 100,000 GPUs)
-            order = np.argsort(u, kind="stable")
-            g = np.empty(k, dtype=np.int64)
-            g[order] = np.minimum(np.searchsorted(cum, u[order], side="right"), len(cum) - 1)
-            t = day * DAY_S + rng.random(k) * DAY_S
-            link = rng.integers(0, MAX_LINKS, size=k)
+        for name, (g, t, link) in self.draws.day(day).items():
             local = self.local_of[g]
             keep = (local >= 0) & (link < self.L) if name == "nv_flit" else local >= 0
             out[name] = (local[keep], t[keep], link[keep])
@@ -121,7 +93,7 @@ class Counters:
         days = range(int(t_prev // DAY_S), int(t_end // DAY_S) + 1)
         parts = [self._day(d) for d in days]
         out = {}
-        for name in self.fleet_cum:
+        for name in self.kinds:
             g, t, link = (np.concatenate([p[name][i] for p in parts]) for i in range(3))
             sel = (t > t_prev) & (t <= t_end)
             out[name] = (g[sel], t[sel], link[sel])
@@ -142,9 +114,10 @@ class Counters:
         rs = (self.reset_t > t_prev) & (self.reset_t <= t_end)
         reset_gpus = np.flatnonzero(np.isin(self.nodes_of, self.reset_node[rs]))
         rp = (self.repl_t > t_prev) & (self.repl_t <= t_end)
-        special = np.unique(np.concatenate(
-            [ep_g, reset_gpus, self.repl_gpu[rp]] + [b[0] for b in benign.values()]
-        ).astype(np.int64))
+        mark = np.zeros(self.G, dtype=bool)  # (a sort of ~40,000 indices at a catch-up)
+        for gs in (ep_g, reset_gpus, self.repl_gpu[rp], *(b[0] for b in benign.values())):
+            mark[gs] = True
+        special = np.flatnonzero(mark)
         # every row starts as its GPU's state before this advance; the special GPUs'
         # rows are then overwritten with their own values
         out = _Rows(self.state, T, keep,
@@ -244,7 +217,7 @@ class Counters:
         c.update({n: np.zeros((len(link_rows), K, L), np.int64) for n in LINK_COUNTERS})
         if sel.any():
             for name, v in self.ep.cumulative(eps[sel], times, L).items():
-                np.add.at(c[name], link_of[ep_rows] if v.ndim == 3 else ep_rows, v)
+                _add_rows(c[name], link_of[ep_rows] if v.ndim == 3 else ep_rows, v)
         for name, (bg, bt, bl) in benign.items():
             r = row_of[bg]
             keep = r >= 0
@@ -253,10 +226,10 @@ class Counters:
             j = np.searchsorted(times, bt[keep], side="left")  # first time >= the event
             if name == "nv_flit":
                 inc = np.zeros((len(link_rows), K + 1, L), np.int64)
-                np.add.at(inc, (link_of[r[keep]], j, bl[keep]), 1)
+                _count_at(inc, (link_of[r[keep]], j, bl[keep]))
             else:
                 inc = np.zeros((S, K + 1), np.int64)
-                np.add.at(inc, (r[keep], j), 1)
+                _count_at(inc, (r[keep], j))
             c[name] += _running_sum(inc)[:, :K]
         c["ce_v"] = c["ce_a"] = c.pop("ce")
         c["ue_v"] = c["ue_a"] = c.pop("ue")
@@ -305,6 +278,36 @@ class Counters:
             at[r, k] = k
             out[kind] = np.maximum.accumulate(at, axis=1)[:, ti]
         return out
+
+
+def _add_rows(a: np.ndarray, rows: np.ndarray, v: np.ndarray) -> None:
+    """``np.add.at(a, rows, v)``: ``v``'s rows added to ``a``'s rows ``rows``, which may
+    repeat. numpy's add.at costs ~1.5 µs a row here: from a few dozen rows on (a
+    catch-up's), one fancy add of the rows, summed first where they repeat, is cheaper."""
+    if len(rows) < 32:
+        np.add.at(a, rows, v)
+        return
+    order = np.argsort(rows, kind="stable")
+    r = rows[order]
+    first = np.empty(len(r), dtype=bool)
+    first[0] = True
+    np.not_equal(r[1:], r[:-1], out=first[1:])
+    if first.all():
+        a[r] += v[order]
+    else:
+        at = np.flatnonzero(first)
+        a[r[at]] += np.add.reduceat(v[order], at, axis=0)
+
+
+def _count_at(a: np.ndarray, index: tuple[np.ndarray, ...]) -> None:
+    """``np.add.at(a, index, 1)``: one count per index tuple; from a few dozen on (a
+    catch-up's thousands), as counts of each distinct flat position (``a`` contiguous)."""
+    if len(index[0]) < 64:
+        np.add.at(a, index, 1)
+        return
+    assert a.flags.c_contiguous  # (a copy would take the counts)
+    where, n = np.unique(np.ravel_multi_index(index, a.shape), return_counts=True)
+    a.reshape(-1)[where] += n
 
 
 def _running_sum(inc: np.ndarray) -> np.ndarray:

@@ -25,8 +25,8 @@ fleet yields one chunk per model per time range (the NVLink width differs).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -36,6 +36,7 @@ import numpy as np
 from fleetcare.collectors.contract import GpuSample, Incident, XidEvent, utc
 from fleetcare.collectors.heap import keep_freed_blocks
 from fleetcare.collectors.sim.counters import Counters, kept_rows
+from fleetcare.collectors.sim.draws import DAY_S, FleetDraws
 from fleetcare.collectors.sim.episodes import (
     FLAP_S,
     HBM,
@@ -109,6 +110,11 @@ def hash_uniform(seed: int, a: np.ndarray, b: np.ndarray, k: int) -> np.ndarray:
         return (_mix(x) >> np.uint64(11)).astype(np.float64) / float(2**53)
 
 
+def sensor_noise(T: int, G: int, rng: np.random.Generator) -> np.ndarray:
+    """Standard normal noise (3, T, G) for a group of ``G`` GPUs' ``step``."""
+    return rng.standard_normal((3, T, G), dtype=np.float32)
+
+
 class Group:
     """The simulation of some nodes of one GPU model: metrics, counters, events."""
 
@@ -123,17 +129,6 @@ class Group:
         self.model = lay.models[int(lay.node_model[self.nodes[0]])]
         m = self.model
         self.nodes_of = np.repeat(np.arange(len(self.nodes)), gpn)
-        rng = np.random.default_rng([spec.seed, 5])
-        fleet_g = spec.gpus
-        temp_off = rng.normal(0, 2.0, fleet_g)
-        mem_off = rng.normal(0, 1.5, fleet_g)
-        eff = rng.normal(1.0, 0.03, fleet_g)
-        rack_off = rng.normal(0, 1.5, spec.nodes)
-        self.temp_off = temp_off[self.gpus].astype(np.float32)
-        self.mem_off = mem_off[self.gpus].astype(np.float32)
-        self.eff = eff[self.gpus].astype(np.float32)
-        self.rack_off = rack_off[self.nodes]
-        self.rack_off_g = np.repeat(self.rack_off, gpn)  # each GPU's rack
         self.phase = hash_uniform(spec.seed, self.nodes, np.zeros_like(self.nodes), 0) * JOB_BLOCK_S
         # node down intervals and resets from the plan
         pos = np.full(spec.nodes, -1, dtype=np.int64)  # fleet node -> this group's
@@ -146,7 +141,7 @@ class Group:
         rep = sel[plan.replaced[sel]]
         repl_local = pos[plan.node[rep]] * gpn + plan.gpu[rep].astype(np.int64)
         ep: Episodes = sim.episodes
-        local = np.full(fleet_g, -1, dtype=np.int64)
+        local = np.full(spec.gpus, -1, dtype=np.int64)
         local[self.gpus] = np.arange(self.G)
         self.local = local
         self.ep = ep
@@ -154,12 +149,8 @@ class Group:
         self.ep_idx = mine
         self.ev_sel = np.flatnonzero(local[ep.ev_gpu] >= 0)
         self.flap_sel = np.flatnonzero(local[ep.flap_gpu] >= 0)
-        self.counters = Counters(
-            seed=spec.seed, gpus=self.gpus, nodes_of=self.nodes_of, nlinks=m.nvlinks,
-            episodes=ep, resets=(self.down_t1, self.down_node),
-            replacements=((plan.time_h[rep] + plan.repair_h[rep]) * 3600.0, repl_local),
-            fleet_gpus=fleet_g,
-        )
+        # what needs no fleet-wide draw comes first: those may still be being drawn
+        # (``FleetSimulator.history`` starts them on its helper thread)
         self.node_names = sim.layout.node_names[self.nodes]
         self.nic = None if sim.port_events is None else NicPorts(
             sim.port_events, start=spec.start, nodes=self.nodes, node_names=self.node_names,
@@ -171,6 +162,18 @@ class Group:
         self.gpu_index = np.tile(np.arange(gpn, dtype=np.int64), len(self.nodes))
         for a in (self.node_col, self.uuids, self.gpu_index, self.pci, self.model_col):
             a.flags.writeable = False  # a one-tick chunk of the whole group gives them as is
+        self.counters = Counters(
+            gpus=self.gpus, nodes_of=self.nodes_of, nlinks=m.nvlinks,
+            episodes=ep, resets=(self.down_t1, self.down_node),
+            replacements=((plan.time_h[rep] + plan.repair_h[rep]) * 3600.0, repl_local),
+            draws=sim.draws,
+        )
+        traits = sim.draws.sensor()
+        self.temp_off = traits.temp_off[self.gpus].astype(np.float32)
+        self.mem_off = traits.mem_off[self.gpus].astype(np.float32)
+        self.eff = traits.eff[self.gpus].astype(np.float32)
+        self.rack_off = traits.rack_off[self.nodes]
+        self.rack_off_g = np.repeat(self.rack_off, gpn)  # each GPU's rack
         self._layout: tuple[int, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None,
                             dict[str, np.ndarray]] | None = None
         self._blocks: tuple[np.ndarray, tuple[np.ndarray, ...]] | None = None  # jobs()
@@ -231,12 +234,14 @@ class Group:
 
     def sensor_noise(self, T: int, rng: np.random.Generator) -> np.ndarray:
         """Standard normal noise (3, T, G) for ``step``: ``rng``'s first draws."""
-        return rng.standard_normal((3, T, self.G), dtype=np.float32)
+        return sensor_noise(T, self.G, rng)
 
     def step(self, ticks: np.ndarray, rng: np.random.Generator,
-             noise: np.ndarray | None = None) -> dict[str, np.ndarray]:
+             noise: np.ndarray | Callable[[], np.ndarray] | None = None
+             ) -> dict[str, np.ndarray]:
         """Samples at ``ticks`` (seconds since spec.start) for all GPUs, down rows removed.
-        ``noise``: ``sensor_noise(len(ticks), rng)`` when already drawn."""
+        ``noise``: ``sensor_noise(len(ticks), rng)`` when already drawn, or a function
+        that gives it, called once the counters have advanced (it may be being drawn)."""
         m, T, G, gpn = self.model, len(ticks), self.G, self.gpn
         down = self.down(ticks)
         # rows of down nodes are never built: every column is taken at ``keep`` once
@@ -250,7 +255,8 @@ class Group:
         hod = (ticks / 3600.0 + start.hour + start.minute / 60.0) % 24.0
         amb = 24.0 + 2.0 * np.sin(2 * np.pi * (hod - 9.0) / 24.0)
         amb_g = (amb[:, None] + self.rack_off_g[None, :]).astype(np.float32)
-        noise = self.sensor_noise(T, rng) if noise is None else noise
+        noise = (self.sensor_noise(T, rng) if noise is None
+                 else noise() if callable(noise) else noise)
         # (masks multiply rather than ``np.where``: a where with a scalar branch costs
         # several times the arithmetic at 100,000 GPUs)
         load = 0.80 + 0.17 * inten + 0.03 * noise[0]
@@ -490,14 +496,17 @@ class FleetSimulator:
         self.episodes = build_episodes(plan)
         self.port_events: PortEvents | None = (build_port_events(plan) if spec.nic_ports
                                                else None)
+        self.draws = FleetDraws(spec)  # each GPU's traits and each day's benign events
         keep_freed_blocks()  # (each chunk's arrays reuse the last one's: ``heap``)
 
     def groups(self, nodes: np.ndarray | None = None) -> list[Group]:
         """One ``Group`` per GPU model among ``nodes`` (default: all), in model order."""
+        return [Group(self, n) for n in self._group_nodes(nodes)]
+
+    def _group_nodes(self, nodes: np.ndarray | None = None) -> list[np.ndarray]:
         nodes = np.arange(self.spec.nodes) if nodes is None else np.asarray(nodes)
         nm = self.layout.node_model[nodes]
-        return [Group(self, nodes[nm == k]) for k in range(len(self.layout.model_keys))
-                if (nm == k).any()]
+        return [nodes[nm == k] for k in range(len(self.layout.model_keys)) if (nm == k).any()]
 
     def seconds(self, ts: dt.datetime) -> float:
         return (utc(ts) - self.spec.start).total_seconds()
@@ -513,35 +522,42 @@ class FleetSimulator:
             raise ValueError(f"history needs end > start and interval_s > 0, got "
                              f"{start}..{end} every {interval_s}s")
         ticks = np.arange(a, b, float(interval_s))
-        groups = self.groups()
+        group_nodes = self._group_nodes()
+        sizes = [len(n) * self.spec.gpus_per_node for n in group_nodes]
         per = max(1, min(int(86400 // interval_s) or 1, ROWS_PER_CHUNK // self.spec.gpus))
         plan: list[tuple[np.ndarray, float, float, int]] = []  # (ticks, lo, hi, group)
         for c0 in range(0, len(ticks), per):
             tk = ticks[c0:c0 + per]
             lo, hi = float(tk[0]), float(tk[-1] + interval_s) if c0 + per >= len(ticks) else float(ticks[c0 + per])
             hi = min(hi, b) if c0 + per >= len(ticks) else hi
-            plan += [(tk, lo, hi, gi) for gi in range(len(groups))]
+            plan += [(tk, lo, hi, gi) for gi in range(len(group_nodes))]
 
-        def draw(i: int) -> tuple[np.random.Generator, np.ndarray]:
+        def draw(i: int) -> tuple[np.random.Generator, Future[np.ndarray]]:
+            """Chunk ``i``'s generator, its noise (the first draws) begun on ``ahead``."""
             tk, lo, _, gi = plan[i]
             rng = np.random.default_rng([self.spec.seed, 9, gi, int(round(lo * 1000))])
-            return rng, groups[gi].sensor_noise(len(tk), rng)
+            return rng, ahead.submit(sensor_noise, len(tk), sizes[gi], rng)
 
-        # the next chunk's sensor noise is drawn on a second thread while this one is
-        # built (numpy draws without the GIL; a third of a 100,000-GPU tick): the same
-        # generator, the same draws, in the same order
-        ahead = ThreadPoolExecutor(1, thread_name_prefix="fleetcare-sim-noise")
+        # a second thread draws ahead (numpy draws without the GIL): first the fleet's
+        # error traits and the benign days the first chunk's counters catch up over
+        # (from the fleet's start), while the groups are built; then each next chunk's
+        # sensor noise (a third of a 100,000-GPU tick) while this one is built. The
+        # same generators, the same draws, in the same order
+        ahead = ThreadPoolExecutor(1, thread_name_prefix="fleetcare-sim-draws")
         try:
-            coming = ahead.submit(draw, 0)
+            self.draws.start(ahead, range(int(plan[0][2] // DAY_S) + 1))
+            coming = draw(0)
+            groups = [Group(self, n) for n in group_nodes]
             for i, (tk, lo, hi, gi) in enumerate(plan):
-                rng, noise = coming.result()
+                rng, noise = coming
                 if i + 1 < len(plan):
-                    coming = ahead.submit(draw, i + 1)
+                    coming = draw(i + 1)
                 grp = groups[gi]
+                samples = grp.step(tk, rng, noise.result)  # rng is the noise's until then
                 yield Chunk(
                     start=self.spec.start + dt.timedelta(seconds=lo),
                     end=self.spec.start + dt.timedelta(seconds=hi),
-                    samples=grp.step(tk, rng, noise),
+                    samples=samples,
                     events=grp.events(lo, hi, rng),
                     incidents=grp.incidents(lo, hi),
                     nics=grp.nic_step(tk),
