@@ -225,18 +225,11 @@ README's pool figures were simulated with these draws). Computed with the code o
 2026-12-04 and with this one."""
 
 
-def test_history_draws_are_what_they_were():
-    """Speed-ups of the simulator must not change a single value: every sample column,
-    XID event and incident of a mixed-model fleet with failures and repairs (60-s
-    ticks late in its life, with nodes down) hashes as before. numpy's float functions
-    can differ by an ulp on another CPU; there, recompute the digest with the older
-    code first."""
-    spec = FleetSpec(nodes=24, seed=7, failure_scale=40, model="H100:3,A100:1")
-    sim = FleetSimulator(spec, simulate_incidents(spec, days=3))
+def history_digest(sim: FleetSimulator, ranges) -> str:
+    """sha256 of every sample column, XID event and incident of ``sim.history`` over
+    ``ranges`` ((start, end, interval_s), ...)."""
     h = hashlib.sha256()
-    late = spec.start + dt.timedelta(days=2)
-    for a, b, step in ((spec.start, spec.start + dt.timedelta(days=2), 300),
-                       (late, late + dt.timedelta(minutes=20), 60)):
+    for a, b, step in ranges:
         for ch in sim.history(a, b, interval_s=step):
             for k in sorted(ch.samples):
                 v = ch.samples[k]
@@ -247,7 +240,52 @@ def test_history_draws_are_what_they_were():
                 else:
                     h.update(v.astype(np.float64 if v.dtype.kind == "f" else np.int64).tobytes())
             h.update(msgspec.json.encode(ch.events) + msgspec.json.encode(ch.incidents))
-    assert h.hexdigest() == HISTORY_DIGEST
+    return h.hexdigest()
+
+
+def test_history_draws_are_what_they_were():
+    """Speed-ups of the simulator must not change a single value: every sample column,
+    XID event and incident of a mixed-model fleet with failures and repairs (60-s
+    ticks late in its life, with nodes down) hashes as before. numpy's float functions
+    can differ by an ulp on another CPU; there, recompute the digest with the older
+    code first."""
+    spec = FleetSpec(nodes=24, seed=7, failure_scale=40, model="H100:3,A100:1")
+    sim = FleetSimulator(spec, simulate_incidents(spec, days=3))
+    late = spec.start + dt.timedelta(days=2)
+    assert history_digest(sim, ((spec.start, spec.start + dt.timedelta(days=2), 300),
+                                (late, late + dt.timedelta(minutes=20), 60))) == HISTORY_DIGEST
+
+
+CATCH_UP_DIGEST = "70e5d07fdb65215052cccc58e98a7ab5828a59bc1e19011d3b8d0d91cefdd0f8"
+"""A larger fleet's history three days in, computed with the code of 2026-12-04
+(0710830), of 2026-12-05 before the catch-up's sorted adds (2ebc2c9) and with this one."""
+
+
+def test_a_catch_up_draws_what_it_did(monkeypatch):
+    """The digest above is too small a fleet for the catch-up's batched adds and counts
+    (they start at a few dozen rows): a 160-node fleet's history starting three days in
+    goes through both, and hashes as before."""
+    from fleetcare.collectors.sim import counters as C
+
+    used = {"rows": 0, "counts": 0}
+    real_rows, real_counts = C._add_rows, C._count_at
+
+    def rows(a, r, v):
+        used["rows"] += len(r) >= 32
+        real_rows(a, r, v)
+
+    def counts(a, index):
+        used["counts"] += len(index[0]) >= 64
+        real_counts(a, index)
+
+    monkeypatch.setattr(C, "_add_rows", rows)
+    monkeypatch.setattr(C, "_count_at", counts)
+    spec = FleetSpec(nodes=160, seed=13, failure_scale=60, model="H100:3,A100:1")
+    sim = FleetSimulator(spec, simulate_incidents(spec, days=5))
+    day3 = spec.start + dt.timedelta(days=3)
+    digest = history_digest(sim, ((day3, day3 + dt.timedelta(minutes=20), 60),))
+    assert used["rows"] and used["counts"]
+    assert digest == CATCH_UP_DIGEST
 
 
 def test_history_left_early_ends_its_draw_thread(sim):
@@ -285,13 +323,14 @@ def test_a_healthy_fleet_advances_with_no_gpu_to_move():
 
 def test_row_adds_and_counts_equal_numpys_add_at():
     """``counters._add_rows`` / ``_count_at`` stand in for ``np.add.at`` (slow per row):
-    the same sums with repeated rows, none, or no rows at all."""
+    the same sums with repeated rows, all distinct rows, or none at all, on both sides
+    of their thresholds (a few dozen rows), and on a non-contiguous array."""
     from fleetcare.collectors.sim.counters import _add_rows, _count_at
 
     rng = np.random.default_rng(3)
-    for n in (0, 1, 5, 200):
-        for shape in ((50, 3), (50, 3, 18)):
-            rows = rng.integers(0, 50 if n > 10 else 5, n)  # repeats; with n = 5, maybe not
+    for n, unique in ((0, False), (1, False), (5, False), (200, False), (40, True), (200, True)):
+        for shape in ((250, 3), (250, 3, 18)):
+            rows = rng.permutation(250)[:n] if unique else rng.integers(0, 50, n)
             v = rng.integers(0, 9, (n, *shape[1:]))
             want, got = np.zeros(shape, np.int64), np.zeros(shape, np.int64)
             np.add.at(want, rows, v)
@@ -302,3 +341,8 @@ def test_row_adds_and_counts_equal_numpys_add_at():
             np.add.at(want, index, 1)
             _count_at(got, index)
             np.testing.assert_array_equal(got, want)
+    index = (rng.integers(0, 50, 300), rng.integers(0, 3, 300))
+    want, got = np.zeros((3, 50), np.int64).T, np.zeros((3, 50), np.int64).T  # (50, 3) views
+    np.add.at(want, index, 1)
+    _count_at(got, index)
+    np.testing.assert_array_equal(got, want)

@@ -281,9 +281,10 @@ class Counters:
 
 
 def _add_rows(a: np.ndarray, rows: np.ndarray, v: np.ndarray) -> None:
-    """``np.add.at(a, rows, v)``: ``v``'s rows added to ``a``'s rows ``rows``, which may
-    repeat. numpy's add.at costs ~1.5 µs a row here: from a few dozen rows on (a
-    catch-up's), one fancy add of the rows, summed first where they repeat, is cheaper."""
+    """``np.add.at(a, rows, v)`` for rows >= 0: ``v``'s rows added to ``a``'s rows
+    ``rows``, which may repeat. numpy's add.at costs ~1.5 µs a row here: from a few
+    dozen rows on (a catch-up's), one fancy add of the rows, summed first where they
+    repeat, is cheaper."""
     if len(rows) < 32:
         np.add.at(a, rows, v)
         return
@@ -300,12 +301,11 @@ def _add_rows(a: np.ndarray, rows: np.ndarray, v: np.ndarray) -> None:
 
 
 def _count_at(a: np.ndarray, index: tuple[np.ndarray, ...]) -> None:
-    """``np.add.at(a, index, 1)``: one count per index tuple; from a few dozen on (a
-    catch-up's thousands), as counts of each distinct flat position (``a`` contiguous)."""
-    if len(index[0]) < 64:
+    """``np.add.at(a, index, 1)`` for indices >= 0: one count per index tuple; from a few
+    dozen on (a catch-up's thousands), as counts of each distinct flat position."""
+    if len(index[0]) < 64 or not a.flags.c_contiguous:  # (a reshaped copy would take them)
         np.add.at(a, index, 1)
         return
-    assert a.flags.c_contiguous  # (a copy would take the counts)
     where, n = np.unique(np.ravel_multi_index(index, a.shape), return_counts=True)
     a.reshape(-1)[where] += n
 

@@ -16,7 +16,7 @@ from concurrent.futures import CancelledError, Executor, Future
 from dataclasses import dataclass
 from functools import partial
 from threading import Lock
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -31,9 +31,10 @@ NV_FLIT_PER_LINK_DAY = 0.002
 MAX_LINKS = 18
 """NVLink flit events are drawn over this many links per GPU and kept on the GPU's own
 links (a GPU with fewer links sees proportionally fewer)."""
-KEEP_DAYS = 8
-"""Benign days a ``FleetDraws`` holds (ticks move forward; an evicted day is drawn again,
-the same, if asked)."""
+KEEP_DAYS = 32
+"""Benign days a ``FleetDraws`` holds, the most recently asked (~0.25 MB a day at 100,000
+GPUs): a catch-up of up to a month is drawn once for all the groups of a mixed fleet;
+a day evicted is drawn again, the same, if asked."""
 
 Day = dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]
 """A day's benign events of the whole fleet: {kind: (fleet GPU, t seconds, link)}."""
@@ -104,20 +105,22 @@ def draw_day(seed: int, day: int, cum: dict[str, np.ndarray]) -> Day:
 
 class FleetDraws:
     """``sensor()``, ``errors()`` and ``day(d)`` of one fleet, each drawn once and shared
-    (thread-safe); ``start(executor, days)`` begins drawing the error traits and then
-    ``days`` on ``executor`` before they are asked (the sensor traits, from their own
-    generator, are left to the asker: two threads share the first chunk's draws)."""
+    (thread-safe; the last ``KEEP_DAYS`` days asked are held); ``start(executor, days)``
+    begins drawing the error traits and then ``days`` on ``executor`` before they are
+    asked (the sensor traits, from their own generator, are left to the asker: two
+    threads share the first chunk's draws). The arrays are read-only: every group and
+    every history reads the same ones."""
 
     def __init__(self, spec: FleetSpec) -> None:
         self.spec = spec
         self._lock = Lock()
-        self._got: dict[str | int, Future[Any]] = {}  # days: KEEP_DAYS at most
+        self._got: dict[str | int, Future[Any]] = {}  # days: least recently asked first
 
     def sensor(self) -> SensorTraits:
-        return self._get("sensor", lambda: draw_sensor_traits(self.spec))
+        return self._get("sensor", lambda: _frozen(draw_sensor_traits(self.spec)))
 
     def errors(self) -> ErrorTraits:
-        return self._get("errors", lambda: draw_error_traits(self.spec))
+        return self._get("errors", self._draw_errors)
 
     def day(self, day: int) -> Day:
         return self._get(day, lambda: self._draw_day(day))
@@ -125,21 +128,27 @@ class FleetDraws:
     def start(self, executor: Executor, days: range) -> None:
         """Draw the error traits, then ``days`` (unless drawn or under way), on
         ``executor`` in that order. Whatever the executor cancels is drawn when asked."""
-        todo: list[tuple[str | int, Callable[[], Any]]] = [
-            ("errors", lambda: draw_error_traits(self.spec))]
+        todo: list[tuple[str | int, Callable[[], Any]]] = [("errors", self._draw_errors)]
         todo += [(d, partial(self._draw_day, d)) for d in days[:KEEP_DAYS]]
         for key, make in todo:
             with self._lock:
+                if self._usable(self._got.get(key)):
+                    continue
+            f = executor.submit(make)  # (not under the lock: an executor may run it now)
+            with self._lock:
                 if not self._usable(self._got.get(key)):
-                    self._put(key, executor.submit(make))
+                    self._put(key, f)
+
+    def _draw_errors(self) -> ErrorTraits:
+        return _frozen(draw_error_traits(self.spec))
 
     def _draw_day(self, day: int) -> Day:
-        return draw_day(self.spec.seed, day, self.errors().cum)
+        return _frozen(draw_day(self.spec.seed, day, self.errors().cum))
 
     @staticmethod
     def _usable(f: Future[Any] | None) -> bool:
         """Drawn, or being drawn, or waiting to be (not cancelled, not failed)."""
-        return f is not None and not f.cancelled() and not (f.done() and f.exception())
+        return f is not None and not (f.done() and (f.cancelled() or f.exception() is not None))
 
     def _get(self, key: str | int, make: Callable[[], Any]) -> Any:
         while True:
@@ -149,8 +158,8 @@ class FleetDraws:
                 if mine:
                     f = Future()
                     f.set_running_or_notify_cancel()
-                    self._put(key, f)
-            assert f is not None
+                assert f is not None
+                self._put(key, f)  # (a day asked again is the most recently asked)
             if mine:
                 try:
                     f.set_result(make())
@@ -165,5 +174,17 @@ class FleetDraws:
         self._got.pop(key, None)
         self._got[key] = f
         days = [k for k in self._got if isinstance(k, int)]
-        for d in sorted(days)[:max(0, len(days) - KEEP_DAYS)]:
+        for d in days[:max(0, len(days) - KEEP_DAYS)]:  # the least recently asked
             del self._got[d]
+
+
+_T = TypeVar("_T", SensorTraits, ErrorTraits, dict)
+
+
+def _frozen(x: _T) -> _T:
+    """``x`` with its arrays read-only (also in dicts and tuples), in place."""
+    parts = (vars(x).values() if isinstance(x, SensorTraits | ErrorTraits) else x.values())
+    for v in parts:
+        for a in (v.values() if isinstance(v, dict) else v if isinstance(v, tuple) else (v,)):
+            a.flags.writeable = False
+    return x

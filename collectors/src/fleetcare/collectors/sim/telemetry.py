@@ -545,7 +545,7 @@ class FleetSimulator:
         # same generators, the same draws, in the same order
         ahead = ThreadPoolExecutor(1, thread_name_prefix="fleetcare-sim-draws")
         try:
-            self.draws.start(ahead, range(int(plan[0][2] // DAY_S) + 1))
+            self.draws.start(ahead, range(int(plan[0][0][-1] // DAY_S) + 1))  # to its last tick
             coming = draw(0)
             groups = [Group(self, n) for n in group_nodes]
             for i, (tk, lo, hi, gi) in enumerate(plan):
