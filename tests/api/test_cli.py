@@ -121,6 +121,35 @@ def test_operational_errors_go_to_stderr_with_exit_1(tmp_path: Path,
     assert "GPU model 'B200' is unknown" in capsys.readouterr().err
 
 
+def test_an_error_nobody_foresaw_says_so_and_how_to_see_the_traceback(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A bug (an exception type no command raises on purpose) is not dressed up as an
+    operational error: one line naming its type and the flag that shows the traceback,
+    exit 1; with that flag the traceback is logged. Secrets in it stay masked."""
+    from fleetcare.api.commands import models as command
+
+    def broken(args: object, cfg: object) -> int:
+        return {}["missing"]  # KeyError: a bug
+
+    monkeypatch.setattr(command, "run", broken)
+    assert main(["models", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("fleetcare models: unexpected error (KeyError: 'missing'); rerun "
+                          "with --log-level debug for the traceback")
+    assert main(["--log-level", "debug", "models", "list"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback (most recent call last)" in err and 'return {}["missing"]' in err
+
+    def leaky(args: object, cfg: object) -> int:
+        raise RuntimeError("no answer from kafka://app:hunter2@broker:9093")
+
+    monkeypatch.setattr(command, "run", leaky)
+    assert main(["models", "list"]) == 1
+    err = capsys.readouterr().err
+    assert "unexpected error (RuntimeError" in err and "hunter2" not in err
+
+
 @pytest.fixture(scope="module")
 def small_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("cli") / "fleet.duckdb"
