@@ -39,38 +39,36 @@ cost twice the copy at 10 %; NVLink CRC counts reach 10 % of GPUs in three days.
 
 
 class Counters:
-    def __init__(self, *, gpus: np.ndarray, nodes_of: np.ndarray, nlinks: int,
-                 episodes: Episodes, resets: tuple[np.ndarray, np.ndarray],
+    def __init__(self, *, gpus: np.ndarray, local_of: np.ndarray, nodes_of: np.ndarray,
+                 nlinks: int, episodes: Episodes, resets: tuple[np.ndarray, np.ndarray],
                  replacements: tuple[np.ndarray, np.ndarray], draws: FleetDraws) -> None:
-        """``gpus``: fleet indices; ``nodes_of``: local node of each; ``resets``: (time,
-        local node) of repairs; ``replacements``: (time, local gpu); ``draws``: the
-        fleet's traits and benign days."""
+        """``gpus``: fleet indices; ``local_of``: each fleet GPU's index in ``gpus``, -1
+        for others; ``nodes_of``: local node of each; ``resets``: (time, local node) of
+        repairs; ``replacements``: (time, local gpu); ``draws``: the fleet's traits and
+        benign days."""
         self.gpus = gpus
         self.nodes_of = nodes_of
         self.G = len(gpus)
         self.L = nlinks
         self.ep = episodes
-        self.local_of = np.full(draws.spec.gpus, -1, dtype=np.int64)
-        self.local_of[gpus] = np.arange(self.G)
-        self.ep_idx = np.flatnonzero(self.local_of[episodes.gpu] >= 0)
-        self.ep_local = self.local_of[episodes.gpu[self.ep_idx]]
+        self.local_of = local_of
+        self.ep_idx = np.flatnonzero(local_of[episodes.gpu] >= 0)
+        self.ep_local = local_of[episodes.gpu[self.ep_idx]]
         self.reset_t, self.reset_node = resets
         self.repl_t, self.repl_gpu = replacements
         self.draws = draws
         self._days: dict[int, Day] = {}
         self.t = 0.0
-        self.state: dict[str, np.ndarray] = {}
-        for name in LINK_COUNTERS:
-            self.state[name] = np.zeros((self.G, nlinks), dtype=LINK_DTYPE)
+        links = {name: np.zeros((self.G, nlinks), dtype=LINK_DTYPE) for name in LINK_COUNTERS}
         # per-link counters: whether each GPU's is not zero (few are: ``_Rows``)
         self.nonzero = {name: np.zeros(self.G, dtype=bool) for name in LINK_COUNTERS}
         traits = draws.errors()  # (may still be being drawn: asked for last)
         self.kinds = tuple(traits.rates)
         z = np.zeros(self.G, dtype=np.int64)
-        self.state = {
+        self.state: dict[str, np.ndarray] = {
             "ce_v": z.copy(), "ue_v": z.copy(), "pcie": z.copy(),
             "ce_a": traits.life_ce[gpus].astype(np.int64), "ue_a": z.copy(),
-            "rr_c": traits.life_rr[gpus], "rr_u": z.copy(), **self.state,
+            "rr_c": traits.life_rr[gpus], "rr_u": z.copy(), **links,
         }
 
     def _day(self, day: int) -> Day:

@@ -163,7 +163,7 @@ class Group:
         for a in (self.node_col, self.uuids, self.gpu_index, self.pci, self.model_col):
             a.flags.writeable = False  # a one-tick chunk of the whole group gives them as is
         self.counters = Counters(
-            gpus=self.gpus, nodes_of=self.nodes_of, nlinks=m.nvlinks,
+            gpus=self.gpus, local_of=local, nodes_of=self.nodes_of, nlinks=m.nvlinks,
             episodes=ep, resets=(self.down_t1, self.down_node),
             replacements=((plan.time_h[rep] + plan.repair_h[rep]) * 3600.0, repl_local),
             draws=sim.draws,
