@@ -63,7 +63,7 @@ class Counters:
         # per-link counters: whether each GPU's is not zero (few are: ``_Rows``)
         self.nonzero = {name: np.zeros(self.G, dtype=bool) for name in LINK_COUNTERS}
         traits = draws.errors()  # (may still be being drawn: asked for last)
-        self.kinds = tuple(traits.rates)
+        self.kinds = tuple(traits.cum)
         z = np.zeros(self.G, dtype=np.int64)
         self.state: dict[str, np.ndarray] = {
             "ce_v": z.copy(), "ue_v": z.copy(), "pcie": z.copy(),

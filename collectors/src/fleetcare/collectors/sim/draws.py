@@ -56,8 +56,8 @@ class ErrorTraits:
 
     life_ce: np.ndarray  # corrected errors (aggregate counter)
     life_rr: np.ndarray  # remapped rows
-    rates: dict[str, np.ndarray]  # benign events per GPU-second: ce, pcie, nv_flit
-    cum: dict[str, np.ndarray]  # their running sums over the fleet's GPUs
+    cum: dict[str, np.ndarray]  # running sums over the fleet's GPUs of each benign kind's
+    # events per GPU-second: ce, pcie, nv_flit
 
 
 def draw_sensor_traits(spec: FleetSpec) -> SensorTraits:
@@ -79,7 +79,7 @@ def draw_error_traits(spec: FleetSpec) -> ErrorTraits:
         "pcie": np.full(n, PCIE_PER_DAY / DAY_S),
         "nv_flit": np.full(n, NV_FLIT_PER_LINK_DAY * MAX_LINKS / DAY_S),
     }
-    return ErrorTraits(life_ce=life_ce, life_rr=life_rr, rates=rates,
+    return ErrorTraits(life_ce=life_ce, life_rr=life_rr,
                        cum={k: np.cumsum(v) for k, v in rates.items()})
 
 
