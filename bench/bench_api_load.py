@@ -52,6 +52,7 @@ from fleetcare.api import auth
 from fleetcare.api.app import create_app
 from fleetcare.api.server import bound_port, start_server_thread
 from fleetcare.collectors.sim import FleetSpec, simulate_incidents
+from fleetcare.collectors.sim.sparse_links import Column
 from fleetcare.collectors.sim.telemetry import FleetSimulator
 from fleetcare.models import scoring
 from fleetcare.pipeline.simload import load_history
@@ -144,7 +145,7 @@ def client(base: str, token: str, nodes: list[str], rate: float, duration: float
     })
 
 
-def _ticks(sim: FleetSimulator, start: dt.datetime, n: int) -> list[dict[str, np.ndarray]]:
+def _ticks(sim: FleetSimulator, start: dt.datetime, n: int) -> list[dict[str, Column]]:
     """``n`` one-minute fleet ticks of live telemetry after ``start``, one dict each."""
     out = []
     for chunk in sim.history(start, start + dt.timedelta(minutes=n), interval_s=60):

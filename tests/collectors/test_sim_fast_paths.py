@@ -89,7 +89,7 @@ def test_rows_of_down_nodes_are_the_full_rows_left_out(sim, monkeypatch):
         assert a.keys() == b.keys()
         for k in a:
             assert a[k].dtype == b[k].dtype, k
-            assert np.array_equal(a[k], b[k][keep]), (k, ticks[0])
+            assert np.array_equal(a[k], np.asarray(b[k])[keep]), (k, ticks[0])
     assert down_rows > 1000 and flapped > 0
 
 
@@ -121,15 +121,16 @@ def test_batched_path_sums_overlapping_episodes_and_same_slot_events(sim):
 
 
 
-@pytest.mark.parametrize("share", [1e-9, float("inf")], ids=["always-sparse", "never-sparse"])
-def test_sparse_rows_equal_rows_copied_from_the_state(sim, monkeypatch, share):
-    """A per-link counter's rows start as zeros with only its non-zero GPUs' rows
-    written (``Counters.nonzero``) when those are few. Forced on (or off) for every
-    advance, the rows must equal those the code chooses for itself, ticks with down
-    nodes included: a stale ``nonzero`` would leave a GPU's counts out."""
+def test_per_link_counters_are_the_non_zero_rows_of_the_dense_ones(sim, monkeypatch):
+    """The per-link counters come as ``SparseLinks``: the rows whose state is not zero,
+    built from the non-zero GPUs' prior state (``Counters.nonzero``) and what changed, or
+    for one tick from the state after it. They must equal the dense rows copied from the
+    whole state, over advances of one tick and of many, with down nodes: a stale
+    ``nonzero`` would leave a GPU's counts out."""
     import fleetcare.collectors.sim.counters as counters
+    from fleetcare.collectors.sim.sparse_links import SparseLinks
 
-    def run() -> list[dict[str, np.ndarray]]:
+    def run() -> list[dict]:
         grp = FleetSimulator(SPEC, sim.plan).groups()[0]
         out = []
         for ticks in tick_runs():
@@ -138,16 +139,23 @@ def test_sparse_rows_equal_rows_copied_from_the_state(sim, monkeypatch, share):
             out.append({k: cols[k] for k in counters.LINK_COUNTERS})
         return out
 
-    chosen = run()
-    monkeypatch.setattr(counters, "SPARSE_SHARE", share)
-    forced = run()
-    nonzero_rows = 0
-    for a, b in zip(chosen, forced, strict=True):
+    sparse = run()
+
+    class Dense(counters._Rows):  # every row copied from the state, as before
+        def __init__(self, state, T, keep, nonzero=None, kept=None):
+            super().__init__(state, T, keep, None, kept)
+
+    monkeypatch.setattr(counters, "_Rows", Dense)
+    dense = run()
+    held = {1: 0, 37: 0}
+    for ticks, a, b in zip(tick_runs(), sparse, dense, strict=True):
         for k in a:
+            assert isinstance(a[k], SparseLinks) and isinstance(b[k], np.ndarray), k
             assert a[k].dtype == b[k].dtype == counters.LINK_DTYPE
-            assert np.array_equal(a[k], b[k]), k
-        nonzero_rows += int(a["nv_flit"].any(axis=1).sum())
-    assert nonzero_rows > 1000
+            assert np.array_equal(a[k].dense(), b[k]), k
+            assert np.array_equal(a[k].rows, np.flatnonzero(b[k].any(axis=1))), k
+        held[len(ticks)] += len(a["nv_flit"].rows)
+    assert min(held.values()) > 500, held
 
 
 def test_identity_columns_are_shared_read_only(sim):
@@ -232,7 +240,7 @@ def history_digest(sim: FleetSimulator, ranges) -> str:
     for a, b, step in ranges:
         for ch in sim.history(a, b, interval_s=step):
             for k in sorted(ch.samples):
-                v = ch.samples[k]
+                v = np.asarray(ch.samples[k])  # (per-link counters: SparseLinks)
                 if v.dtype == object:
                     h.update("\x1f".join(map(str, v.tolist())).encode())
                 elif v.dtype.kind == "M":

@@ -55,7 +55,7 @@ def dcgm_series(s: dict[str, np.ndarray]) -> list[Series]:
             vals = vals.astype(np.int64) if vals.dtype == bool else vals
             out.append((name, labels(rows[0]), ts[rows], vals.tolist()))
     for name, fname in NVLINK_MAP.items():
-        col = s[fname]
+        col = np.asarray(s[fname])  # (the simulator's per-link counters: SparseLinks)
         for k in range(col.shape[1]):
             for rows in rows_by_gpu.values():
                 out.append((f"{name}_L{k}", labels(rows[0]), ts[rows], col[rows, k].tolist()))

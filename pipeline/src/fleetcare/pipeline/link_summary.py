@@ -9,7 +9,9 @@ layout and the Parquet lake are read through them); ``summarise`` computes the s
 values from the Arrow lists with numpy, a column at a time, so DuckDB inserts narrow rows
 and looks at no list (issue 15 §4: DuckDB's list functions over five lists of 18 cost
 more than the insert itself). ``tests/pipeline/test_link_summary.py`` checks that both
-give the same rows.
+give the same rows. ``summarise_grid`` gives the same values straight from the
+simulator's columns (``nvlink_up`` a (rows, links) array, the counters ``SparseLinks``:
+their non-zero rows), with no list built but the irregular samples'.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from fleetcare.collectors.sim.sparse_links import SparseLinks
 from fleetcare.pipeline.schema import (
     LINK_SUMMARY,
     MASK_LINKS,
@@ -139,3 +142,35 @@ def summarise(data: pa.Table) -> Summarised:
     keep = data.select(["gpu_uuid", "ts", *NVLINK_LISTS])
     return Summarised(stored, keep.filter(pa.array(irregular)) if irregular.any()
                       else keep.slice(0, 0))
+
+
+def summarise_grid(up: np.ndarray, counters: dict[str, SparseLinks]
+                   ) -> tuple[dict[str, pa.Array], np.ndarray]:
+    """``LINK_SUMMARY``'s columns and the irregular samples (bool per row) of samples whose
+    five NVLink lists all came with the same number of links, none of them null: the
+    links up (``up``, bool (rows, links)) and the counters (``NVLINK_COUNTERS``: their
+    non-zero rows) — the values ``summarise`` gives for the same lists."""
+    n, links = up.shape
+    if links == 0 or links > MASK_LINKS:
+        raise ValueError(f"summarise_grid: {links} links a sample; use summarise")
+    down_rows = np.flatnonzero(~up.all(axis=1))
+    mask = np.zeros(n, dtype=np.int64)
+    if len(down_rows):
+        bits = np.left_shift(np.int64(1), np.arange(links, dtype=np.int64))
+        mask[down_rows] = (~up[down_rows]).astype(np.int64) @ bits
+    irregular = np.zeros(n, dtype=bool)
+    irregular[down_rows] = True
+    out: dict[str, pa.Array] = {
+        "nvlink_present": pa.array(np.full(n, (1 << len(NVLINK_LISTS)) - 1, dtype=np.int64)),
+        "nvlink_links": pa.array(np.full(n, links, dtype=np.int64)),
+        "nvlink_down_mask": pa.array(mask),
+    }
+    for name in NVLINK_COUNTERS:
+        c = counters[name]
+        if c.shape != (n, links):
+            raise ValueError(f"summarise_grid: {name} is {c.shape}, nvlink_up {up.shape}")
+        total = np.zeros(n, dtype=np.int64)
+        total[c.rows] = c.values.sum(axis=1, dtype=np.int64)
+        irregular[c.rows] = True
+        out[f"{name}_total"] = pa.array(total)
+    return out, irregular

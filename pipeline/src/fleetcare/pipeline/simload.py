@@ -11,6 +11,8 @@ import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from fleetcare.collectors.sim.telemetry import FleetSimulator
 from fleetcare.pipeline.store import Store
 
@@ -45,7 +47,7 @@ def load_history(store: Store, sim: FleetSimulator, start: dt.datetime, end: dt.
         if chunk.nics is not None:
             nics += store.insert_nic_columns(chunk.nics)
         if progress is not None and n:
-            last = chunk.samples["ts"].max().astype("datetime64[us]").astype(dt.datetime)
+            last = np.asarray(chunk.samples["ts"]).max().astype("datetime64[us]").astype(dt.datetime)
             done = int((last.replace(tzinfo=dt.UTC) - start).total_seconds() // interval_s) + 1
             progress(min(done, ticks), ticks)
     return LoadResult(samples, events, incidents, nics)

@@ -31,8 +31,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleetcare.collectors.contract import Batch, GpuSample, Incident, NicSample, XidEvent
+from fleetcare.collectors.sim.sparse_links import Column, SparseLinks
 from fleetcare.pipeline import schema
-from fleetcare.pipeline.link_summary import summarise
+from fleetcare.pipeline.link_summary import Summarised, summarise, summarise_grid
 from fleetcare.pipeline.telemetry import RawTelemetry, TableTelemetry
 from fleetcare.pipeline.wire_columns import as_sample
 
@@ -177,11 +178,11 @@ def grid_list_array(grid: np.ndarray, value_type: pa.DataType) -> pa.ListArray:
     return pa.ListArray.from_arrays(offsets, pa.array(grid.reshape(-1), type=value_type))
 
 
-def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.Table:
+def columns_to_arrow(columns: Mapping[str, Column], arrow: pa.Schema) -> pa.Table:
     """Columnar numpy data (the simulator's history chunks) → Arrow, fast path.
 
-    Missing fields become null columns; 2-D arrays become list columns (one list per row),
-    and so do object arrays of lists (None: a null list).
+    Missing fields become null columns; 2-D arrays and ``SparseLinks`` become list columns
+    (one list per row), and so do object arrays of lists (None: a null list).
     """
     n = len(next(iter(columns.values())))
     arrays = []
@@ -189,6 +190,8 @@ def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.
         values = columns.get(field.name)
         if values is None:
             arrays.append(pa.nulls(n, type=field.type))
+        elif isinstance(values, SparseLinks):
+            arrays.append(grid_list_array(values.dense(), field.type.value_type))
         elif pa.types.is_list(field.type) and np.asarray(values).dtype == object:
             arrays.append(pa.array(np.asarray(values).tolist(), type=field.type))
         elif pa.types.is_list(field.type):
@@ -196,6 +199,35 @@ def columns_to_arrow(columns: Mapping[str, np.ndarray], arrow: pa.Schema) -> pa.
         else:
             arrays.append(pa.array(values, type=field.type))
     return pa.Table.from_arrays(arrays, schema=arrow)
+
+
+_SCALAR_SCHEMA = pa.schema([schema.SAMPLE_SCHEMA.field(c) for c in schema.SCALAR_SAMPLE_COLUMNS])
+_LISTS_SCHEMA = pa.schema([schema.SAMPLE_SCHEMA.field(c)
+                           for c in ("gpu_uuid", "ts", *schema.NVLINK_LISTS)])
+
+
+def summarise_columns(columns: Mapping[str, Column]) -> Summarised | None:
+    """Columnar samples as ``telemetry`` and ``telemetry_nvlink`` store them
+    (``link_summary.summarise`` of ``columns_to_arrow(columns)``), the per-link counters
+    read as ``SparseLinks`` and lists built only for the irregular samples; None when the
+    columns are not in that form (a counter as a dense array, a list missing, no links),
+    for the general path."""
+    up = columns.get("nvlink_up")
+    counters = {name: columns.get(name) for name in schema.NVLINK_COUNTERS}
+    if not (isinstance(up, np.ndarray) and up.dtype == bool and up.ndim == 2
+            and 0 < up.shape[1] <= schema.MASK_LINKS
+            and all(isinstance(c, SparseLinks) and c.shape == up.shape
+                    for c in counters.values())):
+        return None
+    summary, irregular = summarise_grid(up, counters)  # type: ignore[arg-type]
+    stored = columns_to_arrow(columns, _SCALAR_SCHEMA)
+    for name, _ in schema.LINK_SUMMARY:
+        stored = stored.append_column(name, summary[name])
+    at = np.flatnonzero(irregular)
+    lists: dict[str, Column] = {name: c.take(at) for name, c in counters.items()}  # type: ignore[union-attr]
+    for name in ("gpu_uuid", "ts", "nvlink_up"):
+        lists[name] = np.asarray(columns[name])[at]
+    return Summarised(stored, columns_to_arrow(lists, _LISTS_SCHEMA))
 
 
 MEMORY_LIMIT: str | None = None
@@ -365,12 +397,15 @@ class Store:
         README: "How GPU samples are stored"). Returns samples added."""
         if not data.num_rows:
             return 0
-        rows = summarise(data)
+        return self._insert_summarised(summarise(data), pc.min(data.column("ts")).as_py())
+
+    def _insert_summarised(self, rows: Summarised, oldest: dt.datetime) -> int:
+        """``insert_samples`` of samples already summarised; ``oldest``: their oldest ts."""
         # the mark and the rows land under one lock: a refresh takes the mark
         # (``rollup._take_dirty`` holds the lock too) before both or after both, never
         # between them, which would consume the mark of rows its snapshot lacks
         with self._lock:
-            self.mark_dirty(pc.min(data.column("ts")).as_py())
+            self.mark_dirty(oldest)
             with self.transaction() as cur:
                 cur.register("incoming", rows.stored)
                 cur.register("incoming_lists", rows.lists)
@@ -401,8 +436,16 @@ class Store:
                 [key, lo.isoformat()],
             ).fetchall()
 
-    def insert_sample_columns(self, columns: Mapping[str, np.ndarray]) -> int:
-        return self.insert_samples(columns_to_arrow(columns, schema.SAMPLE_SCHEMA))
+    def insert_sample_columns(self, columns: Mapping[str, Column]) -> int:
+        """Land columnar samples (the simulator's ``Chunk.samples``); the same rows as
+        ``insert_samples`` of them as Arrow, with no list built for a regular sample when
+        the per-link counters come as ``SparseLinks`` (``summarise_columns``)."""
+        rows = summarise_columns(columns)
+        if rows is None:
+            return self.insert_samples(columns_to_arrow(columns, schema.SAMPLE_SCHEMA))
+        if not rows.stored.num_rows:
+            return 0
+        return self._insert_summarised(rows, pc.min(rows.stored.column("ts")).as_py())
 
     def insert_sample_records(self, samples: Iterable[GpuSample]) -> int:
         return self.insert_samples(records_to_arrow(samples, schema.SAMPLE_SCHEMA))

@@ -6,6 +6,7 @@
     sim = FleetSimulator(spec, plan)
     for chunk in sim.history(start, end):          # columnar telemetry, in time order
         chunk.samples["gpu_temp_c"], chunk.events, chunk.incidents
+        np.asarray(chunk.samples["nvlink_crc_flit"])   # per-link counters: SparseLinks
     SimBackend(sim, nodes=["node-00003"])          # the same, live, as a GpuBackend
 """
 
@@ -29,6 +30,7 @@ __all__ = [
 ]
 
 from fleetcare.collectors.sim.backend import SimBackend  # noqa: E402
+from fleetcare.collectors.sim.sparse_links import SparseLinks  # noqa: E402
 from fleetcare.collectors.sim.telemetry import Chunk, FleetSimulator, chunk_to_samples  # noqa: E402
 
-__all__ += ["Chunk", "FleetSimulator", "SimBackend", "chunk_to_samples"]
+__all__ += ["Chunk", "FleetSimulator", "SimBackend", "SparseLinks", "chunk_to_samples"]

@@ -24,6 +24,7 @@ import numpy as np
 
 from fleetcare.collectors.sim.draws import DAY_S, Day, FleetDraws
 from fleetcare.collectors.sim.episodes import LINK_COUNTERS, Episodes
+from fleetcare.collectors.sim.sparse_links import Column, SparseLinks
 
 VOLATILE = ("ce_v", "ue_v", "pcie", *LINK_COUNTERS)
 AGGREGATE = ("ce_a", "ue_a", "rr_c", "rr_u")
@@ -31,11 +32,6 @@ LINK_DTYPE = np.int32
 """Per-link counters are held and given out as int32 (an episode adds at most tens of
 thousands; NVML's are 64-bit, and the store widens them): they are most of a tick's
 bytes (100,000 GPUs × 18 links × 4 counters), and half the bytes is half the copying."""
-SPARSE_SHARE = 32
-"""A per-link counter whose non-zero GPUs are fewer than one in ``SPARSE_SHARE`` starts
-its rows as zeros with only those GPUs' rows written; otherwise as a copy of the state.
-(100,000 GPUs, one tick: zeros and a scatter beat the copy below ~3 % non-zero, and
-cost twice the copy at 10 %; NVLink CRC counts reach 10 % of GPUs in three days.)"""
 
 
 class Counters:
@@ -98,11 +94,11 @@ class Counters:
         return out
 
     def advance(self, ticks: np.ndarray, keep: np.ndarray | None = None,
-                kept: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, np.ndarray]:
+                kept: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Column]:
         """Values at ``ticks`` (seconds, increasing, > previous) of the rows ``keep``
-        (bool (T, G); default all), tick-major: {name: (rows[, L])}; ``kept``:
-        ``kept_rows(keep)`` when the caller holds it. The state advances
-        for every GPU whatever ``keep`` says."""
+        (bool (T, G); default all), tick-major: {name: (rows,)}, the per-link counters as
+        ``SparseLinks`` (rows, L); ``kept``: ``kept_rows(keep)`` when the caller holds it.
+        The state advances for every GPU whatever ``keep`` says."""
         t_prev, t_end = self.t, float(ticks[-1])
         T = len(ticks)
         benign = self._benign(t_prev, t_end)
@@ -128,7 +124,7 @@ class Counters:
                             resets=(self.reset_t[rs], self.reset_node[rs],
                                     self.repl_t[rp], self.repl_gpu[rp]))
         self.t = t_end
-        return out.cols
+        return out.finish(self.nonzero)
 
     def _advance_gpu(self, g: int, ticks: np.ndarray, t_prev: float, rs: np.ndarray,
                      rp: np.ndarray, eps: np.ndarray, ep_g: np.ndarray, benign: dict,
@@ -328,8 +324,9 @@ def kept_rows(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 class _Rows:
     """The output rows of one advance: each GPU's prior state, repeated per tick and
     kept where ``keep`` says (tick-major), with ``put`` overwriting some GPUs' rows.
-    ``nonzero``: for some states, the only GPUs whose state is not zero; when few, the
-    rows start as zeros and only theirs are written."""
+    ``nonzero``: for the per-link counters, the only GPUs whose state is not zero; those
+    counters are given as ``SparseLinks`` by ``finish``: for one tick, the state after the
+    advance; for more, those GPUs' prior state and what ``put`` gave."""
 
     def __init__(self, state: dict[str, np.ndarray], T: int, keep: np.ndarray | None,
                  nonzero: dict[str, np.ndarray] | None = None,
@@ -341,17 +338,21 @@ class _Rows:
         g_of: np.ndarray | None = None if kept is None else kept[0]
         self.pos: np.ndarray | None = None if kept is None else kept[1]
         self.cols: dict[str, np.ndarray] = {}
-        nonzero = nonzero or {}
-        n = T * self.G if keep is None else int(np.count_nonzero(keep))
+        # per-link counters: (GPUs, their values (S, T, L)) in the order given, the
+        # prior state of the non-zero GPUs first
+        self.links: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.n = T * self.G if keep is None else int(np.count_nonzero(keep))
+        self.state = state
+        for name, nz in (nonzero or {}).items():
+            st = state[name]
+            # one tick: its values are the state after the advance (``finish``)
+            self.links[name] = [] if T == 1 else [
+                (nz, np.broadcast_to(st[nz][:, None], (len(nz), T, *st.shape[1:])))]
         for name, st in state.items():
-            nz = nonzero.get(name)
-            if nz is not None and len(nz) < self.G / SPARSE_SHARE:
-                self.cols[name] = np.zeros((n, *st.shape[1:]), dtype=st.dtype)
-                if len(nz):
-                    self.put(name, nz, np.broadcast_to(st[nz][:, None], (len(nz), T,
-                                                                           *st.shape[1:])))
-            elif keep is None:
-                col = np.empty((n, *st.shape[1:]), dtype=st.dtype)
+            if name in self.links:
+                continue
+            if keep is None:
+                col = np.empty((self.n, *st.shape[1:]), dtype=st.dtype)
                 col.reshape(T, *st.shape)[...] = st
                 self.cols[name] = col
             else:
@@ -360,7 +361,12 @@ class _Rows:
                 self.cols[name] = st.take(g_of, axis=0)
 
     def put(self, name: str, gs: np.ndarray, vals: np.ndarray) -> None:
-        """Rows of GPUs ``gs`` (S,) at every tick: ``vals`` (S, T[, L])."""
+        """Rows of GPUs ``gs`` (S,) at every tick: ``vals`` (S, T[, L]). A GPU is put at
+        most once per counter."""
+        if name in self.links:
+            if self.T > 1:
+                self.links[name].append((gs, vals))
+            return
         v = np.swapaxes(vals, 0, 1)  # (T, S[, L])
         if self.keep is None:
             rows = np.arange(self.T)[:, None] * self.G + gs[None, :]
@@ -371,3 +377,47 @@ class _Rows:
         m = self.keep[:, gs]
         self.cols[name][self.pos[:, gs][m]] = v[m]
 
+    def finish(self, nonzero: dict[str, np.ndarray]) -> dict[str, Column]:
+        """``cols`` with the per-link counters as ``SparseLinks`` (their non-zero rows);
+        ``nonzero``: whether each GPU's state is not zero after the advance."""
+        cols: dict[str, Column] = dict(self.cols)
+        for name, parts in self.links.items():
+            cols[name] = self._sparse(parts) if self.T > 1 else self._sparse_now(
+                name, np.flatnonzero(nonzero[name]))
+        return cols
+
+    def _sparse_now(self, name: str, gs: np.ndarray) -> SparseLinks:
+        """One tick's rows of the GPUs ``gs`` whose state is not zero: that state."""
+        st = self.state[name]
+        if self.keep is None:
+            return SparseLinks(self.n, st.shape[1], gs, st[gs])
+        gs = gs[self.keep[0, gs]]
+        if self.pos is None:
+            self.pos = kept_rows(self.keep)[1]
+        return SparseLinks(self.n, st.shape[1], self.pos[0, gs], st[gs])
+
+    def _sparse(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> SparseLinks:
+        (prior, prior_v), puts = parts[0], parts[1:]
+        L = prior_v.shape[2]
+        if puts:  # a GPU put replaces its prior state
+            put = np.concatenate([g for g, _ in puts])
+            stays = ~np.isin(prior, put)
+            gs = np.concatenate([prior[stays], put])
+            vs = np.concatenate([prior_v[stays], *(v for _, v in puts)]).astype(LINK_DTYPE)
+            order = np.argsort(gs, kind="stable")
+            gs, vs = gs[order], vs[order]
+        else:
+            gs, vs = prior, prior_v
+        v = np.swapaxes(vs, 0, 1)  # (T, S, L), GPUs in order
+        if self.keep is None:
+            rows = (np.arange(self.T)[:, None] * self.G + gs[None, :]).ravel()
+            values = v.reshape(-1, L)
+        else:
+            if self.pos is None:
+                self.pos = kept_rows(self.keep)[1]
+            m = self.keep[:, gs]
+            rows, values = self.pos[:, gs][m], v[m]
+        some = values.any(axis=1)
+        if not some.all():
+            rows, values = rows[some], values[some]
+        return SparseLinks(self.n, L, rows, np.ascontiguousarray(values, dtype=LINK_DTYPE))

@@ -14,7 +14,9 @@ until its repair; volatile counters reset at repair, aggregate ones at GPU repla
 
 A chunk's ``samples`` maps exact ``GpuSample`` field names to arrays of one row per
 (tick, GPU), tick-major; ``ts`` is datetime64[us] (UTC), strings are object arrays,
-``nvlink_*`` are (rows, links), the per-link counters int32 (``counters.LINK_DTYPE``);
+``nvlink_up`` is (rows, links) bool and the four per-link counters are ``SparseLinks``
+(``sim.sparse_links``: their non-zero rows, int32, ``counters.LINK_DTYPE``; ``np.asarray``
+gives the (rows, links) matrix);
 ``retired_pages_*`` are absent (null: row remapping replaced page retirement on
 A100/H100/H200). The identity columns (node, GPU uuid/index, PCI bus id, model), the
 model's constants (power limit, memory clock and size, PCIe maxima) and ``nvlink_up``
@@ -25,7 +27,7 @@ fleet yields one chunk per model per time range (the NVLink width differs).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -49,6 +51,7 @@ from fleetcare.collectors.sim.episodes import (
 from fleetcare.collectors.sim.fleet import FleetSpec
 from fleetcare.collectors.sim.incidents import IncidentPlan, failure_incidents, repair_incidents
 from fleetcare.collectors.sim.nics import NicPorts, PortEvents, build_port_events
+from fleetcare.collectors.sim.sparse_links import Column
 
 ROWS_PER_CHUNK = 1 << 17
 JOB_BLOCK_S = 6 * 3600.0
@@ -86,7 +89,7 @@ class Chunk:
 
     start: dt.datetime
     end: dt.datetime
-    samples: dict[str, np.ndarray]
+    samples: dict[str, Column]
     events: list[XidEvent] = field(default_factory=list)
     incidents: list[Incident] = field(default_factory=list)
     nics: dict[str, np.ndarray] | None = None
@@ -238,7 +241,7 @@ class Group:
 
     def step(self, ticks: np.ndarray, rng: np.random.Generator,
              noise: np.ndarray | Callable[[], np.ndarray] | None = None
-             ) -> dict[str, np.ndarray]:
+             ) -> dict[str, Column]:
         """Samples at ``ticks`` (seconds since spec.start) for all GPUs, down rows removed.
         ``noise``: ``sensor_noise(len(ticks), rng)`` when already drawn, or a function
         that gives it, called once the counters have advanced (it may be being drawn)."""
@@ -357,7 +360,7 @@ class Group:
             for i in self.flap_sel[hit].tolist():
                 on = np.flatnonzero((ticks >= ep.flap_t[i]) & (ticks < ep.flap_t[i] + FLAP_S))
                 up[row_of(on, self.local[ep.flap_gpu[i]]), ep.flap_link[i] % m.nvlinks] = False
-        cols: dict[str, np.ndarray] = {
+        cols: dict[str, Column] = {
             "ts": ts_col,
             **{k: fixed[k] for k in ("node", "gpu_uuid", "gpu_index", "pci_bus_id", "model")},
             "gpu_temp_c": rows(gtemp).astype(np.float64),
@@ -590,12 +593,12 @@ class FleetSimulator:
                 yield nics, grp.incidents(float(tk[0]), hi)
 
 
-def columns_to_records(cols: dict[str, np.ndarray], struct: type[Rec]) -> list[Rec]:
+def columns_to_records(cols: Mapping[str, Column], struct: type[Rec]) -> list[Rec]:
     """The rows of columnar simulator output (``ts`` naive UTC) as ``struct`` objects,
     keeping only ``struct``'s fields (slow path: tests, live backend)."""
     fields = {f.name for f in msgspec.structs.fields(struct)}
     lists = {k: v.tolist() for k, v in cols.items() if k in fields}
-    lists["ts"] = [t.replace(tzinfo=dt.UTC) for t in lists["ts"]]
+    lists["ts"] = [t.replace(tzinfo=dt.UTC) for t in np.asarray(cols["ts"]).tolist()]
     names = list(lists)
     return [struct(**dict(zip(names, row, strict=True)))
             for row in zip(*lists.values(), strict=True)]
