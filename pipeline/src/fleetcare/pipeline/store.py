@@ -213,18 +213,21 @@ def summarise_columns(columns: Mapping[str, Column]) -> Summarised | None:
     columns are not in that form (a counter as a dense array, a list missing, no links),
     for the general path."""
     up = columns.get("nvlink_up")
-    counters = {name: columns.get(name) for name in schema.NVLINK_COUNTERS}
     if not (isinstance(up, np.ndarray) and up.dtype == bool and up.ndim == 2
-            and 0 < up.shape[1] <= schema.MASK_LINKS
-            and all(isinstance(c, SparseLinks) and c.shape == up.shape
-                    for c in counters.values())):
+            and 0 < up.shape[1] <= schema.MASK_LINKS):
         return None
-    summary, irregular = summarise_grid(up, counters)  # type: ignore[arg-type]
+    counters: dict[str, SparseLinks] = {}
+    for name in schema.NVLINK_COUNTERS:
+        c = columns.get(name)
+        if not (isinstance(c, SparseLinks) and c.shape == up.shape):
+            return None
+        counters[name] = c
+    summary, irregular = summarise_grid(up, counters)
     stored = columns_to_arrow(columns, _SCALAR_SCHEMA)
     for name, _ in schema.LINK_SUMMARY:
         stored = stored.append_column(name, summary[name])
     at = np.flatnonzero(irregular)
-    lists: dict[str, Column] = {name: c.take(at) for name, c in counters.items()}  # type: ignore[union-attr]
+    lists: dict[str, Column] = {name: c.take(at) for name, c in counters.items()}
     for name in ("gpu_uuid", "ts", "nvlink_up"):
         lists[name] = np.asarray(columns[name])[at]
     return Summarised(stored, columns_to_arrow(lists, _LISTS_SCHEMA))

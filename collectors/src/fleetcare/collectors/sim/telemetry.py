@@ -30,7 +30,7 @@ import datetime as dt
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import numpy as np
@@ -597,8 +597,8 @@ def columns_to_records(cols: Mapping[str, Column], struct: type[Rec]) -> list[Re
     """The rows of columnar simulator output (``ts`` naive UTC) as ``struct`` objects,
     keeping only ``struct``'s fields (slow path: tests, live backend)."""
     fields = {f.name for f in msgspec.structs.fields(struct)}
-    lists = {k: v.tolist() for k, v in cols.items() if k in fields}
-    lists["ts"] = [t.replace(tzinfo=dt.UTC) for t in np.asarray(cols["ts"]).tolist()]
+    lists: dict[str, list[Any]] = {k: v.tolist() for k, v in cols.items() if k in fields}
+    lists["ts"] = [t.replace(tzinfo=dt.UTC) for t in lists["ts"]]
     names = list(lists)
     return [struct(**dict(zip(names, row, strict=True)))
             for row in zip(*lists.values(), strict=True)]
