@@ -24,6 +24,7 @@ import numpy as np
 
 from fleetcare.collectors.sim.draws import DAY_S, Day, FleetDraws
 from fleetcare.collectors.sim.episodes import LINK_COUNTERS, Episodes
+from fleetcare.collectors.sim.row_take import RowTake
 from fleetcare.collectors.sim.sparse_links import Column, SparseLinks
 
 VOLATILE = ("ce_v", "ue_v", "pcie", *LINK_COUNTERS)
@@ -56,8 +57,6 @@ class Counters:
         self._days: dict[int, Day] = {}
         self.t = 0.0
         links = {name: np.zeros((self.G, nlinks), dtype=LINK_DTYPE) for name in LINK_COUNTERS}
-        # per-link counters: whether each GPU's is not zero (few are: ``_Rows``)
-        self.nonzero = {name: np.zeros(self.G, dtype=bool) for name in LINK_COUNTERS}
         traits = draws.errors()  # (may still be being drawn: asked for last)
         self.kinds = tuple(traits.cum)
         z = np.zeros(self.G, dtype=np.int64)
@@ -66,6 +65,8 @@ class Counters:
             "ce_a": traits.life_ce[gpus].astype(np.int64), "ue_a": z.copy(),
             "rr_c": traits.life_rr[gpus], "rr_u": z.copy(), **links,
         }
+        # per-link counters: whether each GPU's is not zero (few are: ``_Rows``)
+        self.nonzero = {name: np.zeros(self.G, dtype=bool) for name in LINK_COUNTERS}
 
     def _day(self, day: int) -> Day:
         """This group's benign events of ``day``: {kind: (local gpu, t, link)}, cached."""
@@ -94,7 +95,7 @@ class Counters:
         return out
 
     def advance(self, ticks: np.ndarray, keep: np.ndarray | None = None,
-                kept: tuple[np.ndarray, np.ndarray] | None = None) -> dict[str, Column]:
+                kept: tuple[RowTake, np.ndarray] | None = None) -> dict[str, Column]:
         """Values at ``ticks`` (seconds, increasing, > previous) of the rows ``keep``
         (bool (T, G); default all), tick-major: {name: (rows,)}, the per-link counters as
         ``SparseLinks`` (rows, L); ``kept``: ``kept_rows(keep)`` when the caller holds it.
@@ -115,7 +116,7 @@ class Counters:
         # every row starts as its GPU's state before this advance; the special GPUs'
         # rows are then overwritten with their own values
         out = _Rows(self.state, T, keep,
-                    {name: np.flatnonzero(m) for name, m in self.nonzero.items()}, kept)
+                    {name: np.flatnonzero(self.nonzero[name]) for name in LINK_COUNTERS}, kept)
         # GPUs with no repair or replacement in (t_prev, t_end] share one time grid; those
         # with one are computed together on a grid that also holds the reset times
         touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
@@ -202,8 +203,8 @@ class Counters:
         r = row_of[benign["nv_flit"][0]]
         moves[r[r >= 0]] = True
         if resets is not None:
-            for nz in self.nonzero.values():
-                moves |= nz[gs]
+            for name in LINK_COUNTERS:
+                moves |= self.nonzero[name][gs]
         link_rows = np.flatnonzero(moves)
         link_of = np.full(S, -1, dtype=np.int64)
         link_of[link_rows] = np.arange(len(link_rows))
@@ -252,7 +253,7 @@ class Counters:
             st[at] = vals[:, -1]
             out.put(name, at, vals)
             if name in self.nonzero:
-                self.nonzero[name][at] = st[at].any(axis=1)
+                self.nonzero[name][at] = vals[:, -1].any(axis=1)
 
     def _last_resets(self, gs: np.ndarray, row_of: np.ndarray, times: np.ndarray,
                      ti: np.ndarray, resets: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
@@ -315,27 +316,30 @@ def _running_sum(inc: np.ndarray) -> np.ndarray:
     return inc
 
 
-def kept_rows(keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For ``keep`` (T, G): each kept row's GPU (tick-major) and each (tick, GPU)'s kept
-    row."""
-    return np.nonzero(keep)[1], (np.cumsum(keep.ravel()) - 1).reshape(keep.shape)
+def kept_rows(keep: np.ndarray) -> tuple[RowTake, np.ndarray]:
+    """For ``keep`` (T, G): each kept row's GPU (tick-major), as the ``RowTake`` of a
+    GPU-indexed array's rows, and each (tick, GPU)'s kept row."""
+    return RowTake(np.nonzero(keep)[1]), (np.cumsum(keep.ravel()) - 1).reshape(keep.shape)
 
 
 class _Rows:
-    """The output rows of one advance: each GPU's prior state, repeated per tick and
-    kept where ``keep`` says (tick-major), with ``put`` overwriting some GPUs' rows.
-    ``nonzero``: for the per-link counters, the only GPUs whose state is not zero; those
-    counters are given as ``SparseLinks`` by ``finish``: for one tick, the state after the
-    advance; for more, those GPUs' prior state and what ``put`` gave."""
+    """The output rows of one advance, kept where ``keep`` says (tick-major). For one
+    tick: the state after the advance, taken by ``finish``. For more ticks: each GPU's
+    prior state repeated per tick, with ``put`` overwriting some GPUs' rows.
+    ``nonzero``: for the per-link counters, the only GPUs whose prior state is not zero;
+    those counters are given as ``SparseLinks`` by ``finish``: for one tick, from the
+    state after the advance of the GPUs ``Counters.nonzero`` then holds; for more, from
+    the non-zero GPUs' prior state and what ``put`` gave."""
 
     def __init__(self, state: dict[str, np.ndarray], T: int, keep: np.ndarray | None,
                  nonzero: dict[str, np.ndarray] | None = None,
-                 kept: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                 kept: tuple[RowTake, np.ndarray] | None = None) -> None:
         """``kept``: ``kept_rows(keep)`` when known."""
         self.T, self.keep = T, keep
         self.G = len(next(iter(state.values())))
         # each kept row's GPU, and the kept row of each (tick, GPU)
-        g_of: np.ndarray | None = None if kept is None else kept[0]
+        g_of: RowTake | None = None if kept is None else kept[0]
+        self.g_of = g_of
         self.pos: np.ndarray | None = None if kept is None else kept[1]
         self.cols: dict[str, np.ndarray] = {}
         # per-link counters: (GPUs, their values (S, T, L)) in the order given, the
@@ -348,6 +352,8 @@ class _Rows:
             # one tick: its values are the state after the advance (``finish``)
             self.links[name] = [] if T == 1 else [
                 (nz, np.broadcast_to(st[nz][:, None], (len(nz), T, *st.shape[1:])))]
+        if T == 1:  # its values are the state after the advance (``finish``)
+            return
         for name, st in state.items():
             if name in self.links:
                 continue
@@ -358,14 +364,15 @@ class _Rows:
             else:
                 if g_of is None:
                     g_of = kept_rows(keep)[0]
-                self.cols[name] = st.take(g_of, axis=0)
+                self.cols[name] = g_of(st)
 
     def put(self, name: str, gs: np.ndarray, vals: np.ndarray) -> None:
         """Rows of GPUs ``gs`` (S,) at every tick: ``vals`` (S, T[, L]). A GPU is put at
         most once per counter."""
+        if self.T == 1:  # (the state holds it: ``finish``)
+            return
         if name in self.links:
-            if self.T > 1:
-                self.links[name].append((gs, vals))
+            self.links[name].append((gs, vals))
             return
         v = np.swapaxes(vals, 0, 1)  # (T, S[, L])
         if self.keep is None:
@@ -378,23 +385,39 @@ class _Rows:
         self.cols[name][self.pos[:, gs][m]] = v[m]
 
     def finish(self, nonzero: dict[str, np.ndarray]) -> dict[str, Column]:
-        """``cols`` with the per-link counters as ``SparseLinks`` (their non-zero rows);
-        ``nonzero``: whether each GPU's state is not zero after the advance."""
+        """Every counter's rows, the per-link counters as ``SparseLinks`` (their non-zero
+        rows); ``nonzero``: whether each GPU's state is not zero after the advance."""
+        if self.T == 1:
+            return {name: self._sparse_now(name, np.flatnonzero(nonzero[name]))
+                    if name in self.links else self._now(name) for name in self.state}
         cols: dict[str, Column] = dict(self.cols)
         for name, parts in self.links.items():
-            cols[name] = self._sparse(parts) if self.T > 1 else self._sparse_now(
-                name, np.flatnonzero(nonzero[name]))
+            cols[name] = self._sparse(parts)
         return cols
 
-    def _sparse_now(self, name: str, gs: np.ndarray) -> SparseLinks:
-        """One tick's rows of the GPUs ``gs`` whose state is not zero: that state."""
-        st = self.state[name]
+    def _kept_now(self, gs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of the GPUs ``gs``, those whose row is kept at the one tick, and their rows."""
         if self.keep is None:
-            return SparseLinks(self.n, st.shape[1], gs, st[gs])
+            return gs, gs
         gs = gs[self.keep[0, gs]]
         if self.pos is None:
             self.pos = kept_rows(self.keep)[1]
-        return SparseLinks(self.n, st.shape[1], self.pos[0, gs], st[gs])
+        return gs, self.pos[0, gs]
+
+    def _now(self, name: str) -> np.ndarray:
+        """One tick's column: the state, at the kept rows."""
+        st = self.state[name]
+        if self.keep is None:
+            return st.copy()
+        if self.g_of is None:
+            self.g_of = kept_rows(self.keep)[0]
+        return self.g_of(st)
+
+    def _sparse_now(self, name: str, gs: np.ndarray) -> SparseLinks:
+        """One tick's rows of the GPUs ``gs`` whose state is not zero: that state."""
+        st = self.state[name]  # (``take``: a fancy index of rows costs three times as much)
+        gs, rows = self._kept_now(gs)
+        return SparseLinks(self.n, st.shape[1], rows, st.take(gs, axis=0))
 
     def _sparse(self, parts: list[tuple[np.ndarray, np.ndarray]]) -> SparseLinks:
         (prior, prior_v), puts = parts[0], parts[1:]

@@ -51,6 +51,7 @@ from fleetcare.collectors.sim.episodes import (
 from fleetcare.collectors.sim.fleet import FleetSpec
 from fleetcare.collectors.sim.incidents import IncidentPlan, failure_incidents, repair_incidents
 from fleetcare.collectors.sim.nics import NicPorts, PortEvents, build_port_events
+from fleetcare.collectors.sim.row_take import RowTake
 from fleetcare.collectors.sim.sparse_links import Column
 
 ROWS_PER_CHUNK = 1 << 17
@@ -80,6 +81,27 @@ GPU_IDLE, SW_POWER_CAP, SW_THERMAL, HW_THERMAL = 0x1, 0x4, 0x20, 0x40
 _EPOCH = np.datetime64("1970-01-01T00:00:00", "us")
 _THROTTLE = np.array([1.0, 0.8, 0.6])  # SM clock factor by thermal slowdowns (sw, + hw)
 Rec = TypeVar("Rec", bound=msgspec.Struct)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Computed:
+    """The GPUs a ``Group.step`` computes, and their per-GPU inputs. When the same nodes
+    are up at every tick of the step (always for one tick): the GPUs of those nodes only
+    (``gpus``, ``nodes``; None: every one), so no column is computed for rows that are
+    then left out. Otherwise every GPU, with ``mask`` the rows kept (tick-major)."""
+
+    gpus: RowTake | None  # local GPUs computed, in order (None: all)
+    nodes: np.ndarray | None  # their local nodes
+    column: np.ndarray  # each local GPU's column in the step's (T, GPUs) arrays, -1: none
+    mask: np.ndarray | None  # (T * G,) rows kept when every GPU is computed
+    temp_off: np.ndarray
+    mem_off: np.ndarray
+    eff: np.ndarray
+    rack_off: np.ndarray  # each computed GPU's rack offset
+
+    @property
+    def size(self) -> int:
+        return len(self.column) if self.gpus is None else len(self.gpus.index)
 
 
 @dataclass(slots=True)
@@ -177,8 +199,8 @@ class Group:
         self.eff = traits.eff[self.gpus].astype(np.float32)
         self.rack_off = traits.rack_off[self.nodes]
         self.rack_off_g = np.repeat(self.rack_off, gpn)  # each GPU's rack
-        self._layout: tuple[int, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None,
-                            dict[str, np.ndarray]] | None = None
+        self._layout: tuple[int, np.ndarray | None, tuple[RowTake, np.ndarray] | None,
+                            dict[str, np.ndarray], Computed] | None = None
         self._blocks: tuple[np.ndarray, tuple[np.ndarray, ...]] | None = None  # jobs()
 
     # -- healthy behaviour -------------------------------------------------------------
@@ -245,33 +267,40 @@ class Group:
         """Samples at ``ticks`` (seconds since spec.start) for all GPUs, down rows removed.
         ``noise``: ``sensor_noise(len(ticks), rng)`` when already drawn, or a function
         that gives it, called once the counters have advanced (it may be being drawn)."""
-        m, T, G, gpn = self.model, len(ticks), self.G, self.gpn
+        m, T, gpn = self.model, len(ticks), self.gpn
         down = self.down(ticks)
-        # rows of down nodes are never built: every column is taken at ``keep`` once
+        # rows of down nodes are left out: while the same nodes are up at every tick,
+        # only the up nodes' GPUs are computed (``Computed``); else every column is taken
+        # at ``keep`` once
         keep = ~np.repeat(down, gpn, axis=1) if down.any() else None
-        kept, fixed = self.layout(T, keep)
+        kept, fixed, sub = self.layout(T, keep)
+        G = sub.size
         cnt = self.counters.advance(ticks, keep, kept)
         busy_n, inten_n = self.jobs(ticks)
+        if sub.nodes is not None:
+            busy_n, inten_n = busy_n[:, sub.nodes], inten_n[:, sub.nodes]
         busy = np.repeat(busy_n, gpn, axis=1)
         inten = np.repeat(inten_n, gpn, axis=1).astype(np.float32)
         start = self.sim.spec.start
         hod = (ticks / 3600.0 + start.hour + start.minute / 60.0) % 24.0
         amb = 24.0 + 2.0 * np.sin(2 * np.pi * (hod - 9.0) / 24.0)
-        amb_g = (amb[:, None] + self.rack_off_g[None, :]).astype(np.float32)
+        amb_g = (amb[:, None] + sub.rack_off[None, :]).astype(np.float32)
         noise = (self.sensor_noise(T, rng) if noise is None
                  else noise() if callable(noise) else noise)
+        if sub.gpus is not None:  # (drawn for every GPU: the same draws whoever is up)
+            noise = sub.gpus(noise, axis=2)
         # (masks multiply rather than ``np.where``: a where with a scalar branch costs
         # several times the arithmetic at 100,000 GPUs)
         load = 0.80 + 0.17 * inten + 0.03 * noise[0]
         load *= busy
         np.clip(load, 0, 1.05, out=load)
         span = m.power_limit_w - m.idle_power_w
-        power = m.idle_power_w + span * load * self.eff + 4.0 * noise[1]
+        power = m.idle_power_w + span * load * sub.eff + 4.0 * noise[1]
         capped = power > 0.97 * m.power_limit_w
         np.copyto(power, m.power_limit_w * (0.965 + 0.01 * np.abs(noise[1])), where=capped)
         frac = power / m.power_limit_w
-        gtemp = amb_g + m.idle_rise_c + m.load_rise_c * frac + self.temp_off + 0.7 * noise[2]
-        mtemp = gtemp + 3.0 + 6.0 * frac + self.mem_off
+        gtemp = amb_g + m.idle_rise_c + m.load_rise_c * frac + sub.temp_off + 0.7 * noise[2]
+        mtemp = gtemp + 3.0 + 6.0 * frac + sub.mem_off
         width = np.full((T, G), m.pcie_width, dtype=np.int64)
         gen_drop = np.zeros((T, G), dtype=bool)
         pending = np.zeros((T, G), dtype=bool)
@@ -282,7 +311,9 @@ class Group:
             s = ep.ramp(live, ticks)  # (E, T)
             inside = (ticks[None, :] >= ep.t0[live][:, None]) & (ticks[None, :] < ep.t1[live][:, None])
             for j, e in enumerate(live.tolist()):
-                g = self.local[ep.gpu[e]]
+                g = int(sub.column[self.local[ep.gpu[e]]])
+                if g < 0:  # its node is down: no row
+                    continue
                 k, a, sj, inj = ep.kind[e], ep.amp[e], s[j], inside[j]
                 if k == THERMAL:
                     gtemp[:, g] += (18 * a * sj**1.5).astype(np.float32)
@@ -327,7 +358,7 @@ class Group:
         fb += 4
         base = np.datetime64(start.astimezone(dt.UTC).replace(tzinfo=None), "us")
         ts = base + np.rint(ticks * 1e6).astype("timedelta64[us]")
-        if keep is None:
+        if sub.mask is None:
             n = T * G
 
             def rows(x: np.ndarray) -> np.ndarray:  # (T, G) -> (rows,)
@@ -336,9 +367,11 @@ class Group:
             ts_col = np.repeat(ts, G)
 
             def row_of(t_idx: np.ndarray, g: int) -> np.ndarray:
-                return t_idx * G + g
+                col = int(sub.column[g])
+                return t_idx[:0] if col < 0 else t_idx * G + col
         else:
-            flat = keep.ravel()
+            assert keep is not None
+            flat = sub.mask
             n = int(np.count_nonzero(flat))
 
             def rows(x: np.ndarray) -> np.ndarray:
@@ -396,19 +429,20 @@ class Group:
         return cols
 
     def layout(self, T: int, keep: np.ndarray | None
-               ) -> tuple[tuple[np.ndarray, np.ndarray] | None, dict[str, np.ndarray]]:
+               ) -> tuple[tuple[RowTake, np.ndarray] | None, dict[str, np.ndarray], Computed]:
         """For ``T`` ticks' rows kept where ``keep`` says: ``counters.kept_rows(keep)``
-        (None for every row) and the columns that do not change while the same nodes are
+        (None for every row), the columns that do not change while the same nodes are
         up, read-only: identity (node, GPU, PCI, model), the model's constants (power
         limit, memory clock, memory size, PCIe maxima) and ``nvlink_up`` with every link
-        up. The last one is cached: down nodes change rarely, so a tick usually repeats
-        the previous one's (a copy of four object columns of 100,000 rows each was a
-        tenth of a tick; the constants' five columns and the links 0.1)."""
+        up, and the GPUs ``step`` computes with their inputs (``Computed``). The last one
+        is cached: down nodes change rarely, so a tick usually repeats the previous one's
+        (a copy of four object columns of 100,000 rows each was a tenth of a tick; the
+        constants' five columns and the links 0.1)."""
         if self._layout is not None:
-            t0, k0, kept, cols = self._layout
+            t0, k0, kept, cols, sub = self._layout
             if t0 == T and (k0 is None if keep is None
                             else k0 is not None and np.array_equal(k0, keep)):
-                return kept, cols
+                return kept, cols, sub
         base = {"node": self.node_col, "gpu_uuid": self.uuids, "gpu_index": self.gpu_index,
                 "pci_bus_id": self.pci, "model": self.model_col}
         if keep is None and T == 1:
@@ -434,8 +468,23 @@ class Group:
         for col in cols.values():
             col.flags.writeable = False
         kept = None if keep is None else kept_rows(keep)
-        self._layout = (T, None if keep is None else keep.copy(), kept, cols)
-        return kept, cols
+        sub = self._computed(keep)
+        self._layout = (T, None if keep is None else keep.copy(), kept, cols, sub)
+        return kept, cols, sub
+
+    def _computed(self, keep: np.ndarray | None) -> Computed:
+        """The GPUs ``step`` computes for rows kept where ``keep`` says (``Computed``)."""
+        every = np.arange(self.G)
+        inputs = (self.temp_off, self.mem_off, self.eff, self.rack_off_g)
+        if keep is None:
+            return Computed(None, None, every, None, *inputs)
+        if not (keep == keep[:1]).all():  # a node goes down or comes back in the step
+            return Computed(None, None, every, keep.ravel(), *inputs)
+        gpus = RowTake(np.flatnonzero(keep[0]))
+        column = np.full(self.G, -1, dtype=np.int64)
+        column[gpus.index] = np.arange(len(gpus))
+        nodes = np.flatnonzero(keep[0, ::self.gpn])  # (a node's GPUs are up together)
+        return Computed(gpus, nodes, column, None, *(gpus(x) for x in inputs))
 
     def nic_step(self, ticks: np.ndarray) -> dict[str, np.ndarray] | None:
         """NIC port samples at ``ticks`` (None: the fleet has no NIC ports)."""
