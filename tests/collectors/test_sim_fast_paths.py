@@ -1,7 +1,8 @@
 """The simulator's batched paths give exactly what the simple ones give.
 
 ``Counters`` advances the GPUs it touches in two batches (those with a repair or
-replacement in the interval, and the others), and
+replacement in the interval, and the others: on one time grid, or for a single tick
+without one), and
 ``Group.step`` builds only the rows of nodes that are up. Each is checked here against
 the simple path it replaces, on a fleet with many failures, repairs and precursors.
 """
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from fleetcare.collectors.sim import FleetSimulator, FleetSpec, simulate_incidents
-from fleetcare.collectors.sim.counters import Counters
+from fleetcare.collectors.sim.counters import Counters, _Rows
 
 SPEC = FleetSpec(nodes=24, seed=11, failure_scale=60)
 
@@ -36,10 +37,18 @@ def tick_runs():
     return out
 
 
-def test_counters_batched_path_equals_per_gpu_path(sim, monkeypatch):
+def catch_ups():
+    """Single ticks three hours apart over three days, as a history started late (or a
+    live backend) catches its counters up: many repairs and replacements in each."""
+    return [np.array([t]) for t in 3 * 3600.0 * np.arange(1, 25)]
+
+
+@pytest.mark.parametrize("schedule", ["mixed", "catch_ups"])
+def test_counters_batched_path_equals_per_gpu_path(sim, monkeypatch, schedule):
     fast = sim.groups()[0].counters
     slow = FleetSimulator(SPEC, sim.plan).groups()[0].counters
-    seen = {"gpus": 0, "nv_flit": 0, "episodes": 0, "repaired": 0, "replaced": 0}
+    seen = dict.fromkeys(("grid", "one_tick", "nv_flit", "episodes", "repaired_grid",
+                          "repaired_one_tick", "replaced_grid", "replaced_one_tick"), 0)
 
     def per_gpu(self, gs, ticks, t_prev, eps, ep_g, benign, out, resets=None):
         """The reference: each GPU on its own grid, with the interval's resets (the
@@ -50,29 +59,46 @@ def test_counters_batched_path_equals_per_gpu_path(sim, monkeypatch):
             self._advance_gpu(g, ticks, t_prev, inside(self.reset_t), inside(self.repl_t),
                               eps, ep_g, benign, out)
 
-    def counting(self, gs, ticks, t_prev, eps, ep_g, benign, out, resets=None):
-        seen["gpus"] += len(gs)
+    def count(self, gs, ep_g, benign, resets, path):
+        seen[path] += len(gs)
         seen["nv_flit"] += int(np.isin(benign["nv_flit"][0], gs).sum())
         seen["episodes"] += int(np.isin(ep_g, gs).sum())
         if resets is not None:
-            seen["repaired"] += int(np.isin(self.nodes_of[gs], resets[1]).sum())
-            seen["replaced"] += int(np.isin(gs, resets[3]).sum())
+            seen[f"repaired_{path}"] += int(np.isin(self.nodes_of[gs], resets[1]).sum())
+            seen[f"replaced_{path}"] += int(np.isin(gs, resets[3]).sum())
+
+    def counting(self, gs, ticks, t_prev, eps, ep_g, benign, out, resets=None):
+        count(self, gs, ep_g, benign, resets, "grid")
         return Counters._advance_plain(self, gs, ticks, t_prev, eps, ep_g, benign, out,
                                        resets)
 
+    def tick_per_gpu(self, gs, t_end, t_prev, eps, ep_g, benign, resets=None):
+        per_gpu(self, gs, np.array([t_end]), t_prev, eps, ep_g, benign,
+                _Rows(self.state, 1, None), resets)
+
+    def tick_counting(self, gs, t_end, t_prev, eps, ep_g, benign, resets=None):
+        count(self, gs, ep_g, benign, resets, "one_tick")
+        return Counters._advance_tick(self, gs, t_end, t_prev, eps, ep_g, benign, resets)
+
     monkeypatch.setattr(slow, "_advance_plain", per_gpu.__get__(slow))
+    monkeypatch.setattr(slow, "_advance_tick", tick_per_gpu.__get__(slow))
     monkeypatch.setattr(fast, "_advance_plain", counting.__get__(fast))
-    for ticks in tick_runs():
+    monkeypatch.setattr(fast, "_advance_tick", tick_counting.__get__(fast))
+    for ticks in tick_runs() if schedule == "mixed" else catch_ups():
         a, b = fast.advance(ticks), slow.advance(ticks)
         assert a.keys() == b.keys()
         for k in a:
             assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), (k, ticks[0])
     for k in fast.state:
         assert np.array_equal(fast.state[k], slow.state[k]), k
-    # the batched path did real work: benign NVLink events, precursor episodes, GPUs of
-    # repaired nodes and replaced GPUs
-    assert seen["gpus"] > 100 and seen["nv_flit"] > 0 and seen["episodes"] > 50
-    assert seen["repaired"] > 20 and seen["replaced"] > 0, seen
+    # the batched paths did real work: on the grid and one tick at a time, benign
+    # NVLink events, precursor episodes, GPUs of repaired nodes and replaced GPUs
+    assert seen["nv_flit"] > 0 and seen["episodes"] > 50, seen
+    if schedule == "mixed":
+        assert seen["grid"] > 100 and seen["one_tick"] > 100, seen
+        assert seen["repaired_grid"] > 20 and seen["replaced_grid"] > 0, seen
+    else:
+        assert seen["repaired_one_tick"] > 20 and seen["replaced_one_tick"] > 0, seen
 
 
 def test_rows_of_down_nodes_are_the_full_rows_left_out(sim, monkeypatch):
@@ -137,16 +163,18 @@ def test_a_gpu_flapping_or_hot_on_a_down_node_has_no_row(sim, monkeypatch, what,
         assert not np.asarray(b["nvlink_up"]).all()
 
 
-def test_batched_path_sums_overlapping_episodes_and_same_slot_events(sim):
+@pytest.mark.parametrize("one_tick", [False, True])
+def test_batched_path_sums_overlapping_episodes_and_same_slot_events(sim, one_tick):
     """Two episodes live on one GPU at once, and two NVLink events on one link in one
-    tick (rare in a fleet, so made here by passing every episode and event twice)."""
-    from fleetcare.collectors.sim.counters import _Rows
-
+    tick (rare in a fleet, so made here by passing every episode and event twice), on
+    the time-grid path (a day of hourly ticks) and the one-tick path (a day at once)."""
     a = sim.groups()[0].counters
     b = FleetSimulator(SPEC, sim.plan).groups()[0].counters
     ep = a.ep
     t_mid = float(np.median(ep.t1[a.ep_idx]))  # a time when some episodes are live
     ticks = t_mid + 3600.0 * np.arange(1, 25)  # a day: benign events of every kind
+    if one_tick:
+        ticks = ticks[-1:]
     for c in (a, b):
         c.advance(np.array([t_mid]))
     live = (ep.t0[a.ep_idx] < ticks[-1]) & (ep.t1[a.ep_idx] > t_mid)
@@ -155,14 +183,19 @@ def test_batched_path_sums_overlapping_episodes_and_same_slot_events(sim):
     gs = np.unique(np.concatenate([ep_g] + [v[0] for v in benign.values()]))
     assert len(np.unique(ep_g)) >= 2 and all(len(v[0]) >= 2 for v in benign.values())
     out_a, out_b = _Rows(a.state, len(ticks), None), _Rows(b.state, len(ticks), None)
-    a._advance_plain(gs, ticks, t_mid, eps, ep_g, benign, out_a)
+    if one_tick:
+        a._advance_tick(gs, float(ticks[-1]), t_mid, eps, ep_g, benign)
+    else:
+        a._advance_plain(gs, ticks, t_mid, eps, ep_g, benign, out_a)
     none = np.zeros(len(b.reset_t), bool), np.zeros(len(b.repl_t), bool)
     for g in gs.tolist():
         b._advance_gpu(g, ticks, t_mid, *none, eps, ep_g, benign, out_b)
-    for k in out_a.cols:
-        assert np.array_equal(out_a.cols[k], out_b.cols[k]), k
-    assert all(out_a.cols[k].any() for k in ("nv_flit", "ce_v", "pcie"))
-
+    cols_a, cols_b = out_a.finish(a.nonzero), out_b.finish(b.nonzero)
+    for k in cols_a:
+        assert np.array_equal(cols_a[k], cols_b[k]), k
+    for k in a.state:
+        assert np.array_equal(a.state[k], b.state[k]), k
+    assert all(np.asarray(cols_a[k]).any() for k in ("nv_flit", "ce_v", "pcie"))
 
 
 def test_counters_from_their_non_zero_gpus_are_the_rows_of_the_whole_state(sim, monkeypatch):

@@ -120,10 +120,14 @@ class Counters:
         # GPUs with no repair or replacement in (t_prev, t_end] share one time grid; those
         # with one are computed together on a grid that also holds the reset times
         touched = np.isin(special, reset_gpus) | np.isin(special, self.repl_gpu[rp])
-        self._advance_plain(special[~touched], ticks, t_prev, eps, ep_g, benign, out)
-        self._advance_plain(special[touched], ticks, t_prev, eps, ep_g, benign, out,
-                            resets=(self.reset_t[rs], self.reset_node[rs],
-                                    self.repl_t[rp], self.repl_gpu[rp]))
+        resets = (self.reset_t[rs], self.reset_node[rs], self.repl_t[rp], self.repl_gpu[rp])
+        if T == 1:  # (every chunk of a fleet past 65,536 GPUs, and its catch-up)
+            self._advance_tick(special[~touched], t_end, t_prev, eps, ep_g, benign)
+            self._advance_tick(special[touched], t_end, t_prev, eps, ep_g, benign, resets)
+        else:
+            self._advance_plain(special[~touched], ticks, t_prev, eps, ep_g, benign, out)
+            self._advance_plain(special[touched], ticks, t_prev, eps, ep_g, benign, out,
+                                resets=resets)
         self.t = t_end
         return out.finish(self.nonzero)
 
@@ -254,6 +258,88 @@ class Counters:
             out.put(name, at, vals)
             if name in self.nonzero:
                 self.nonzero[name][at] = vals[:, -1].any(axis=1)
+
+    def _advance_tick(self, gs: np.ndarray, t_end: float, t_prev: float, eps: np.ndarray,
+                      ep_g: np.ndarray, benign: dict,
+                      resets: tuple[np.ndarray, ...] | None = None) -> None:
+        """``_advance_plain`` of one tick ``t_end`` for GPUs ``gs`` (sorted, unique), the
+        same integers without a time grid: each counter gains what its GPU's episodes'
+        floored curves rose by and one per benign event since its start, ``t_prev`` or,
+        with ``resets`` (as for ``_advance_plain``), the GPU's latest repair (volatile
+        counters) or replacement (aggregate ones) in the interval, which zeroes it first.
+        A catch-up over days moves ~40,000 GPUs of 100,000, and the (GPUs, times) arrays
+        of the grid (with every repair's time in it) were most of its cost. The one
+        tick's rows are then the state (``_Rows.finish``): nothing is put."""
+        S = len(gs)
+        if not S:
+            return
+        L = self.L
+        row_of = np.full(self.G, -1, dtype=np.int64)
+        row_of[gs] = np.arange(S)
+        # each GPU's latest reset of each kind in the interval (-inf: none)
+        reset: dict[str, np.ndarray | None] = {"vol": None, "agg": None}
+        if resets is not None:
+            r_t, r_node, p_t, p_gpu = resets
+            mine = self.nodes_of[gs][:, None] == r_node[None, :]
+            reset["vol"] = np.where(mine, r_t[None, :], -np.inf).max(axis=1, initial=-np.inf)
+            reset["agg"] = agg = np.full(S, -np.inf)
+            r = row_of[p_gpu]
+            np.maximum.at(agg, r[r >= 0], p_t[r >= 0])
+        since = {kind: None if x is None else np.where(x > -np.inf, x, t_prev)
+                 for kind, x in reset.items()}  # (S,) each GPU's start; None: t_prev
+
+        def kind(name: str) -> str:
+            return "vol" if name in VOLATILE else "agg"
+
+        into = {"ce": ("ce_v", "ce_a"), "ue": ("ue_v", "ue_a")}
+        gains: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in self.state}
+        mine = row_of[ep_g] >= 0
+        if mine.any():
+            at, rows = ep_g[mine], row_of[ep_g[mine]]
+            start = {k: np.full(len(rows), t_prev) if x is None else x[rows]
+                     for k, x in since.items()}
+            times = np.unique(np.r_[t_prev, t_end, start["vol"], start["agg"]])  # t_end last
+            first = {k: np.searchsorted(times, x) for k, x in start.items()}
+            e = np.arange(len(rows))
+            for name, v in self.ep.cumulative(eps[mine], times, L).items():  # (E, K[, L])
+                for target in into.get(name, (name,)):
+                    rise = v[:, -1] - v[e, first[kind(target)]]
+                    up = rise.any(axis=1) if rise.ndim == 2 else rise != 0
+                    gains[target].append((at[up], rise[up]))
+        for name, (bg, bt, bl) in benign.items():
+            r = row_of[bg]
+            hit = r >= 0
+            for target in into.get(name, (name,)):
+                start_of = since[kind(target)]
+                counted = hit.copy()
+                if start_of is not None:  # (a reset zeroes what came before it)
+                    counted[hit] = bt[hit] > start_of[r[hit]]
+                if name == "nv_flit":
+                    flat, n = np.unique(bg[counted] * L + bl[counted], return_counts=True)
+                    g, link = np.divmod(flat, L)
+                    rise = np.zeros((len(g), L), dtype=np.int64)
+                    rise[np.arange(len(g)), link] = n
+                else:
+                    g, rise = np.unique(bg[counted], return_counts=True)
+                gains[target].append((g, rise))
+        for name, st in self.state.items():
+            parts = [(g, x) for g, x in gains[name] if len(g)]
+            last = reset[kind(name)]
+            zeroed = None if last is None else gs[last > -np.inf]
+            if zeroed is not None and len(zeroed):
+                parts.append((zeroed, np.zeros((len(zeroed), *st.shape[1:]), np.int64)))
+            if not parts:
+                continue
+            at, which = np.unique(np.concatenate([g for g, _ in parts]), return_inverse=True)
+            total = np.zeros((len(at), *st.shape[1:]), dtype=np.int64)
+            _add_rows(total, which, np.concatenate([x for _, x in parts]).astype(np.int64))
+            base = st[at]
+            if zeroed is not None and len(zeroed):
+                base[np.isin(at, zeroed)] = 0
+            vals = base + total
+            st[at] = vals
+            if name in self.nonzero:
+                self.nonzero[name][at] = vals.any(axis=1)
 
     def _last_resets(self, gs: np.ndarray, row_of: np.ndarray, times: np.ndarray,
                      ti: np.ndarray, resets: tuple[np.ndarray, ...]) -> dict[str, np.ndarray]:
