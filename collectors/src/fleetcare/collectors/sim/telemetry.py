@@ -19,8 +19,10 @@ A chunk's ``samples`` maps exact ``GpuSample`` field names to arrays of one row 
 gives the (rows, links) matrix);
 ``retired_pages_*`` are absent (null: row remapping replaced page retirement on
 A100/H100/H200). The identity columns (node, GPU uuid/index, PCI bus id, model), the
-model's constants (power limit, memory clock and size, PCIe maxima) and ``nvlink_up``
-when no link is down are read-only and may be shared between chunks. A mixed-model
+model's constants (power limit, memory clock and size, PCIe maxima), ``nvlink_up``
+when no link is down and, in one-tick chunks, the scalar counters (ECC, remapped rows,
+PCIe replays: a counter none of whose GPUs moved repeats the last tick's array) are
+read-only and may be shared between chunks. A mixed-model
 fleet yields one chunk per model per time range (the NVLink width differs).
 """
 
