@@ -46,6 +46,7 @@ class Counters:
         self.gpus = gpus
         self.nodes_of = nodes_of
         self.G = len(gpus)
+        self.N = int(nodes_of.max()) + 1 if len(nodes_of) else 0
         self.L = nlinks
         self.ep = episodes
         self.local_of = local_of
@@ -296,8 +297,9 @@ class Counters:
         reset: dict[str, np.ndarray | None] = {"vol": None, "agg": None}
         if resets is not None:
             r_t, r_node, p_t, p_gpu = resets
-            mine = self.nodes_of[gs][:, None] == r_node[None, :]
-            reset["vol"] = np.where(mine, r_t[None, :], -np.inf).max(axis=1, initial=-np.inf)
+            node_last = np.full(self.N, -np.inf)  # each local node's latest repair
+            np.maximum.at(node_last, r_node, r_t)
+            reset["vol"] = node_last[self.nodes_of[gs]]
             reset["agg"] = agg = np.full(S, -np.inf)
             r = row_of[p_gpu]
             np.maximum.at(agg, r[r >= 0], p_t[r >= 0])
@@ -338,20 +340,24 @@ class Counters:
                 else:
                     g, rise = np.unique(bg[counted], return_counts=True)
                 gains[target].append((g, rise))
+        zeroes = {}  # whether each GPU of ``gs`` was reset, by kind
+        for k, last in reset.items():
+            if last is not None:
+                zeroes[k] = np.zeros(self.G, dtype=bool)
+                zeroes[k][gs[last > -np.inf]] = True
         for name, st in self.state.items():
             parts = [(g, x) for g, x in gains[name] if len(g)]
-            last = reset[kind(name)]
-            zeroed = None if last is None else gs[last > -np.inf]
-            if zeroed is not None and len(zeroed):
-                parts.append((zeroed, np.zeros((len(zeroed), *st.shape[1:]), np.int64)))
+            zeroed = zeroes.get(kind(name))
+            if zeroed is not None:
+                gz = gs[zeroed[gs]]
+                parts.append((gz, np.zeros((len(gz), *st.shape[1:]), np.int64)))
             if not parts:
                 continue
             at, which = np.unique(np.concatenate([g for g, _ in parts]), return_inverse=True)
-            total = np.zeros((len(at), *st.shape[1:]), dtype=np.int64)
-            _add_rows(total, which, np.concatenate([x for _, x in parts]).astype(np.int64))
-            base = st[at]
-            if zeroed is not None and len(zeroed):
-                base[np.isin(at, zeroed)] = 0
+            total = _sum_rows(which, np.concatenate([x for _, x in parts]), len(at))
+            base = st.take(at, axis=0)
+            if zeroed is not None:
+                base[zeroed[at]] = 0
             vals = base + total
             st[at] = vals  # (the one tick's rows are the state: ``_Rows.finish``)
             self._moved[name].append(at)
@@ -396,6 +402,16 @@ def _add_rows(a: np.ndarray, rows: np.ndarray, v: np.ndarray) -> None:
     else:
         at = np.flatnonzero(first)
         a[r[at]] += np.add.reduceat(v[order], at, axis=0)
+
+
+def _sum_rows(rows: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
+    """The sum of ``v``'s rows (integers, (k[, L])) by ``rows`` (k,) in [0, n): (n[, L])
+    int64. ``bincount`` adds in float64: exact for counts far below 2**53."""
+    if v.ndim == 1:
+        return np.bincount(rows, weights=v, minlength=n).astype(np.int64)
+    L = v.shape[1]
+    flat = (rows[:, None] * L + np.arange(L)).ravel()
+    return np.bincount(flat, weights=v.ravel(), minlength=n * L).astype(np.int64).reshape(n, L)
 
 
 def _count_at(a: np.ndarray, index: tuple[np.ndarray, ...]) -> None:

@@ -447,14 +447,13 @@ class Group:
                 return kept, cols, sub
         base = {"node": self.node_col, "gpu_uuid": self.uuids, "gpu_index": self.gpu_index,
                 "pci_bus_id": self.pci, "model": self.model_col}
+        kept = None if keep is None else kept_rows(keep)
         if keep is None and T == 1:
             cols = dict(base)
         else:
-            flat = None if keep is None else keep.ravel()
             cols = {}
-            for name, x in base.items():
-                col = x if T == 1 else np.tile(x, T)
-                col = col if flat is None else col[flat]
+            for name, x in base.items():  # (the kept rows' GPUs, tick-major)
+                col = np.tile(x, T) if kept is None else kept[0](x)
                 col.flags.writeable = False
                 cols[name] = col
         # the model's constants, and every link up (``step`` copies it when a link flaps)
@@ -469,7 +468,6 @@ class Group:
         cols["nvlink_up"] = np.ones((n, m.nvlinks), dtype=bool)
         for col in cols.values():
             col.flags.writeable = False
-        kept = None if keep is None else kept_rows(keep)
         sub = self._computed(keep)
         self._layout = (T, None if keep is None else keep.copy(), kept, cols, sub)
         return kept, cols, sub
