@@ -255,6 +255,27 @@ def test_counters_from_their_non_zero_gpus_are_the_rows_of_the_whole_state(sim, 
     assert min(held.values()) > 500 and nonzero_scalars > 10_000, (held, nonzero_scalars)
 
 
+def test_one_tick_columns_are_not_reused_across_a_longer_advance(sim):
+    """The last one-tick columns are reused only by the next one-tick advance of the
+    same rows: an advance of several ticks between them (which moves the state without
+    recording it for the one-tick columns) drops them, even though the caller's kept
+    rows are the same object."""
+    grp = sim.groups()[0]
+    c = grp.counters
+    day = 86400.0
+    keep = ~np.repeat(grp.down(np.array([day])), grp.gpn, axis=1)
+    kept = grp.layout(1, keep)[0]
+    first = c.advance(np.array([day]), keep, kept)
+    c.advance(day + 3600.0 * np.arange(1, 13), np.tile(keep, (12, 1)))  # half a day
+    again = c.advance(np.array([day + 13 * 3600.0]), keep, kept)
+    rows = np.flatnonzero(keep[0])
+    moved = 0
+    for name in ("ce_v", "ce_a", "pcie", "rr_c"):
+        assert np.array_equal(again[name], c.state[name][rows]), name
+        moved += int((again[name] != first[name]).sum())
+    assert moved > 0
+
+
 def test_identity_columns_are_shared_read_only(sim):
     """The identity and constant columns of a one-tick chunk are given as they are (or
     as kept last time), so no consumer may write them; ``nvlink_up`` too until a link

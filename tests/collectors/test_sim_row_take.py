@@ -39,3 +39,14 @@ def test_a_tick_major_index_of_several_ticks_breaks_runs_at_each_tick():
     assert take.runs is not None and len(take.runs) == 6
     x = np.arange(10_000) * 3
     assert np.array_equal(take(x), x[index])
+
+
+@pytest.mark.parametrize("index", [np.r_[np.arange(3000), np.arange(3100, 5000)],
+                                   np.r_[-1, np.arange(5000)]])
+def test_an_index_out_of_bounds_raises(index):
+    """Runs past the array's end would slice short (numpy's take raises), and a negative
+    index would count from the end: both raise."""
+    x = np.arange(4000)
+    assert RowTake(index).runs is not None  # (the slice path)
+    with pytest.raises(IndexError, match="out of"):
+        RowTake(index)(x)

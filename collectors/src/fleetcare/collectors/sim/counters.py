@@ -7,9 +7,11 @@ when the node is repaired (rebooted); aggregate ones (ECC aggregate, remapped ro
 only when the GPU is replaced. Only GPUs touched by an event, an episode or a reset are
 computed; all others repeat their state, so a tick costs O(GPUs). The touched GPUs are
 computed together on one time grid (``_advance_plain``), those with a repair or
-replacement in the interval in a second batch whose grid holds those times; the
-per-GPU path (``_advance_gpu``, each GPU on its own grid) is the reference both must
-equal (tests/collectors/test_sim_fast_paths.py).
+replacement in the interval in a second batch whose grid holds those times; an advance
+of one tick (every chunk of a fleet past 65,536 GPUs, and a late history's catch-up)
+computes the same integers without a grid (``_advance_tick``). The per-GPU path
+(``_advance_gpu``, each GPU on its own grid) is the reference all must equal
+(tests/collectors/test_sim_fast_paths.py).
 
 Benign events are a fixed function of (seed, day): each day's events of the whole fleet
 are drawn from a generator seeded by the day alone, then this group keeps its GPUs'. So
@@ -57,9 +59,8 @@ class Counters:
         self.draws = draws
         self._days: dict[int, Day] = {}
         self.t = 0.0
-        # the GPUs whose state each counter wrote in this advance, and the last one-tick
-        # advance's scalar columns with the rows they were of (``_Rows.finish``)
-        self._moved: dict[str, list[np.ndarray]] = {}
+        # the last one-tick advance's scalar columns with the rows they were of
+        # (``_Rows.finish``)
         self._last: tuple[object, dict[str, np.ndarray]] | None = None
         links = {name: np.zeros((self.G, nlinks), dtype=LINK_DTYPE) for name in LINK_COUNTERS}
         traits = draws.errors()  # (may still be being drawn: asked for last)
@@ -72,6 +73,8 @@ class Counters:
         }
         # per-link counters: whether each GPU's is not zero (few are: ``_Rows``)
         self.nonzero = {name: np.zeros(self.G, dtype=bool) for name in LINK_COUNTERS}
+        # the GPUs whose state each counter wrote in the current advance
+        self._moved: dict[str, list[np.ndarray]] = {name: [] for name in self.state}
 
     def _day(self, day: int) -> Day:
         """This group's benign events of ``day``: {kind: (local gpu, t, link)}, cached."""
@@ -103,8 +106,10 @@ class Counters:
                 kept: tuple[RowTake, np.ndarray] | None = None) -> dict[str, Column]:
         """Values at ``ticks`` (seconds, increasing, > previous) of the rows ``keep``
         (bool (T, G); default all), tick-major: {name: (rows,)}, the per-link counters as
-        ``SparseLinks`` (rows, L); ``kept``: ``kept_rows(keep)`` when the caller holds it.
-        The state advances for every GPU whatever ``keep`` says."""
+        ``SparseLinks`` (rows, L); ``kept``: ``kept_rows(keep)`` when the caller holds it,
+        the same object for as long as ``keep`` is the same (one-tick columns then start
+        from the last ones: ``_Rows.finish``). The state advances for every GPU whatever
+        ``keep`` says."""
         t_prev, t_end = self.t, float(ticks[-1])
         T = len(ticks)
         benign = self._benign(t_prev, t_end)
@@ -118,8 +123,10 @@ class Counters:
         for gs in (ep_g, reset_gpus, self.repl_gpu[rp], *(b[0] for b in benign.values())):
             mark[gs] = True
         special = np.flatnonzero(mark)
-        # every row starts as its GPU's state before this advance; the special GPUs'
-        # rows are then overwritten with their own values
+        # more ticks: every row starts as its GPU's state before this advance, and the
+        # special GPUs' rows are overwritten with their own values; one tick: the rows
+        # are the state after it (``_Rows``)
+        last, self._last = self._last, None  # (none kept if this advance fails)
         self._moved = {name: [] for name in self.state}
         out = _Rows(self.state, T, keep,
                     {name: np.flatnonzero(self.nonzero[name]) for name in LINK_COUNTERS}, kept)
@@ -139,7 +146,7 @@ class Counters:
         # were the same (``kept`` is the caller's, the same object while the same nodes
         # are up)
         rows = _EVERY_ROW if keep is None else kept
-        last = self._last if T == 1 and self._last and self._last[0] is rows else None
+        last = last if T == 1 and last and last[0] is rows else None
         cols = out.finish(self.nonzero, None if last is None else last[1], self._moved)
         self._last = None if T > 1 or rows is None else (rows, {
             name: col for name, col in cols.items() if isinstance(col, np.ndarray)

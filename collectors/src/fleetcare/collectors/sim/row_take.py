@@ -21,6 +21,9 @@ class RowTake:
         self.index = np.asarray(index, dtype=np.int64)
         self.runs: list[slice] | None = None
         n = len(self.index)
+        # (a slice past the end or a negative index would not raise as ``take`` does)
+        self.bad = bool(n) and int(self.index.min()) < 0
+        self.end = int(self.index.max()) + 1 if n else 0
         if n >= 4096:
             breaks = np.flatnonzero(np.diff(self.index) != 1) + 1
             if len(breaks) < MAX_RUNS:
@@ -36,6 +39,9 @@ class RowTake:
             return x.take(self.index, axis=axis)
         if axis < 0:
             axis += x.ndim
+        if self.bad or self.end > x.shape[axis]:
+            raise IndexError(f"RowTake: an index out of [0, {x.shape[axis]}) (indices "
+                             f"{self.index.min()}..{self.end - 1})")
         if len(self.runs) == 1:
             return x[(slice(None),) * axis + (self.runs[0],)].copy()
         pre = (slice(None),) * axis
