@@ -31,6 +31,8 @@ from fleetcare.collectors.sim.sparse_links import Column, SparseLinks
 
 VOLATILE = ("ce_v", "ue_v", "pcie", *LINK_COUNTERS)
 AGGREGATE = ("ce_a", "ue_a", "rr_c", "rr_u")
+_INTO = {"ce": ("ce_v", "ce_a"), "ue": ("ue_v", "ue_a")}
+"""The counters an episode curve or benign kind adds to, where not its own name."""
 LINK_DTYPE = np.int32
 """Per-link counters are held and given out as int32 (an episode adds at most tens of
 thousands; NVML's are 64-bit, and the store widens them): they are most of a tick's
@@ -271,7 +273,7 @@ class Counters:
                     continue
             at = gs[rows]
             vals = cv[:, ti] + (st[at] - cv[:, i_prev])[:, None]  # (S, T[, L])
-            last = since.get("vol" if name in VOLATILE else "agg")
+            last = since.get(_reset_kind(name))
             if last is not None:  # after a reset: the gain since it
                 last = last[rows]
                 after = cv[:, ti] - cv[np.arange(len(cv))[:, None], np.maximum(last, 0)]
@@ -313,10 +315,6 @@ class Counters:
         since = {kind: None if x is None else np.where(x > -np.inf, x, t_prev)
                  for kind, x in reset.items()}  # (S,) each GPU's start; None: t_prev
 
-        def kind(name: str) -> str:
-            return "vol" if name in VOLATILE else "agg"
-
-        into = {"ce": ("ce_v", "ce_a"), "ue": ("ue_v", "ue_a")}
         gains: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {n: [] for n in self.state}
         mine = row_of[ep_g] >= 0
         if mine.any():
@@ -327,15 +325,15 @@ class Counters:
             first = {k: np.searchsorted(times, x) for k, x in start.items()}
             e = np.arange(len(rows))
             for name, v in self.ep.cumulative(eps[mine], times, L).items():  # (E, K[, L])
-                for target in into.get(name, (name,)):
-                    rise = v[:, -1] - v[e, first[kind(target)]]
+                for target in _INTO.get(name, (name,)):
+                    rise = v[:, -1] - v[e, first[_reset_kind(target)]]
                     up = rise.any(axis=1) if rise.ndim == 2 else rise != 0
                     gains[target].append((at[up], rise[up]))
         for name, (bg, bt, bl) in benign.items():
             r = row_of[bg]
             hit = r >= 0
-            for target in into.get(name, (name,)):
-                start_of = since[kind(target)]
+            for target in _INTO.get(name, (name,)):
+                start_of = since[_reset_kind(target)]
                 counted = hit.copy()
                 if start_of is not None:  # (a reset zeroes what came before it)
                     counted[hit] = bt[hit] > start_of[r[hit]]
@@ -354,7 +352,7 @@ class Counters:
                 zeroes[k][gs[last > -np.inf]] = True
         for name, st in self.state.items():
             parts = [(g, x) for g, x in gains[name] if len(g)]
-            zeroed = zeroes.get(kind(name))
+            zeroed = zeroes.get(_reset_kind(name))
             if zeroed is not None:
                 gz = gs[zeroed[gs]]
                 parts.append((gz, np.zeros((len(gz), *st.shape[1:]), np.int64)))
@@ -411,6 +409,11 @@ def _add_rows(a: np.ndarray, rows: np.ndarray, v: np.ndarray) -> None:
         a[r[at]] += np.add.reduceat(v[order], at, axis=0)
 
 
+def _reset_kind(name: str) -> str:
+    """What resets counter ``name``: a repair ("vol") or a replacement ("agg")."""
+    return "vol" if name in VOLATILE else "agg"
+
+
 def _sum_rows(rows: np.ndarray, v: np.ndarray, n: int) -> np.ndarray:
     """The sum of ``v``'s rows (integers, (k[, L])) by ``rows`` (k,) in [0, n): (n[, L])
     int64. ``bincount`` adds in float64: exact for counts far below 2**53."""
@@ -432,9 +435,9 @@ def _count_at(a: np.ndarray, index: tuple[np.ndarray, ...]) -> None:
 
 
 def _running_sum(inc: np.ndarray) -> np.ndarray:
-    """``np.cumsum(inc, axis=1)``, in place. With few columns (a tick or two, as a 100,000-GPU
-    fleet advances), one add per column over all rows: numpy's cumsum runs a loop as long
-    as the axis once per row, which costs more than the adds."""
+    """``np.cumsum(inc, axis=1)``, in place. With few columns (a grid of a few times), one
+    add per column over all rows: numpy's cumsum runs a loop as long as the axis once per
+    row, which costs more than the adds."""
     if inc.shape[1] > 16:
         return np.cumsum(inc, axis=1)
     for k in range(1, inc.shape[1]):
@@ -449,7 +452,12 @@ _EVERY_ROW = object()
 def kept_rows(keep: np.ndarray) -> tuple[RowTake, np.ndarray]:
     """For ``keep`` (T, G): each kept row's GPU (tick-major), as the ``RowTake`` of a
     GPU-indexed array's rows, and each (tick, GPU)'s kept row."""
-    return RowTake(np.nonzero(keep)[1]), (np.cumsum(keep.ravel()) - 1).reshape(keep.shape)
+    return RowTake(np.nonzero(keep)[1]), _kept_positions(keep)
+
+
+def _kept_positions(keep: np.ndarray) -> np.ndarray:
+    """Each (tick, GPU)'s kept row (``kept_rows``'s second half)."""
+    return (np.cumsum(keep.ravel()) - 1).reshape(keep.shape)
 
 
 class _Rows:
@@ -467,9 +475,8 @@ class _Rows:
         """``kept``: ``kept_rows(keep)`` when known."""
         self.T, self.keep = T, keep
         self.G = len(next(iter(state.values())))
-        # each kept row's GPU, and the kept row of each (tick, GPU)
-        g_of: RowTake | None = None if kept is None else kept[0]
-        self.g_of = g_of
+        # each kept row's GPU, and the kept row of each (tick, GPU): ``_g_of``, ``_pos``
+        self.g_of: RowTake | None = None if kept is None else kept[0]
         self.pos: np.ndarray | None = None if kept is None else kept[1]
         self.cols: dict[str, np.ndarray] = {}
         # per-link counters: (GPUs, their values (S, T, L)) in the order given, the
@@ -492,9 +499,21 @@ class _Rows:
                 col.reshape(T, *st.shape)[...] = st
                 self.cols[name] = col
             else:
-                if g_of is None:
-                    g_of = kept_rows(keep)[0]
-                self.cols[name] = g_of(st)
+                self.cols[name] = self._g_of()(st)
+
+    def _g_of(self) -> RowTake:
+        """Each kept row's GPU (``keep`` is not None), made when first needed."""
+        assert self.keep is not None
+        if self.g_of is None:
+            self.g_of = RowTake(np.nonzero(self.keep)[1])
+        return self.g_of
+
+    def _pos(self) -> np.ndarray:
+        """The kept row of each (tick, GPU) (``keep`` is not None), made when first needed."""
+        assert self.keep is not None
+        if self.pos is None:
+            self.pos = _kept_positions(self.keep)
+        return self.pos
 
     def put(self, name: str, gs: np.ndarray, vals: np.ndarray) -> None:
         """Rows of GPUs ``gs`` (S,) at every tick: ``vals`` (S, T[, L]). A GPU is put at
@@ -509,10 +528,8 @@ class _Rows:
             rows = np.arange(self.T)[:, None] * self.G + gs[None, :]
             self.cols[name][rows.ravel()] = v.reshape(-1, *v.shape[2:])
             return
-        if self.pos is None:
-            self.pos = kept_rows(self.keep)[1]
         m = self.keep[:, gs]
-        self.cols[name][self.pos[:, gs][m]] = v[m]
+        self.cols[name][self._pos()[:, gs][m]] = v[m]
 
     def finish(self, nonzero: dict[str, np.ndarray], last: dict[str, np.ndarray] | None = None,
                moved: dict[str, list[np.ndarray]] | None = None) -> dict[str, Column]:
@@ -536,9 +553,7 @@ class _Rows:
         if self.keep is None:
             return gs, gs
         gs = gs[self.keep[0, gs]]
-        if self.pos is None:
-            self.pos = kept_rows(self.keep)[1]
-        return gs, self.pos[0, gs]
+        return gs, self._pos()[0, gs]
 
     def _now(self, name: str, last: dict[str, np.ndarray] | None = None,
              moved: dict[str, list[np.ndarray]] | None = None) -> np.ndarray:
@@ -553,9 +568,7 @@ class _Rows:
         elif self.keep is None:
             col = st.copy()
         else:
-            if self.g_of is None:
-                self.g_of = kept_rows(self.keep)[0]
-            col = self.g_of(st)
+            col = self._g_of()(st)
         col.flags.writeable = False
         return col
 
@@ -582,10 +595,8 @@ class _Rows:
             rows = (np.arange(self.T)[:, None] * self.G + gs[None, :]).ravel()
             values = v.reshape(-1, L)
         else:
-            if self.pos is None:
-                self.pos = kept_rows(self.keep)[1]
             m = self.keep[:, gs]
-            rows, values = self.pos[:, gs][m], v[m]
+            rows, values = self._pos()[:, gs][m], v[m]
         some = values.any(axis=1)
         if not some.all():
             rows, values = rows[some], values[some]
