@@ -129,6 +129,10 @@ def test_sparse_links_hold_the_non_zero_rows():
         s[6]
     with pytest.raises(IndexError):
         s.take(np.array([True, False]))
+    assert np.array_equal(s.take(np.array([-2, -5])).dense(), grid[[-2, -5]])
+    for outside in ([6], [0, -7]):
+        with pytest.raises(IndexError):
+            s.take(np.array(outside))
     c = s.copy()
     c.values[0, 0] = 9
     assert s.values[0, 0] == 0

@@ -90,11 +90,17 @@ class SparseLinks:
             if index.shape != (self.n,):
                 raise IndexError(f"a mask of {index.shape} for {self.n} rows")
             index = np.flatnonzero(index)
-        at = np.full(self.n, -1, dtype=np.int64)
-        at[self.rows] = np.arange(len(self.rows))
-        src = at[index]
-        held = np.flatnonzero(src >= 0)
-        return SparseLinks(len(index), self.links, held, self.values[src[held]])
+        index = index.astype(np.int64, copy=False)
+        if len(index):
+            lo, hi = int(index.min()), int(index.max())
+            if lo < -self.n or hi >= self.n:
+                raise IndexError(f"an index of {lo}..{hi} for {self.n} rows")
+        index = np.where(index < 0, index + self.n, index)  # (counted from the end)
+        # the held rows are sorted: each index's place among them (no n-long lookup)
+        at = np.minimum(np.searchsorted(self.rows, index), max(len(self.rows) - 1, 0))
+        held = (np.flatnonzero(self.rows[at] == index) if len(self.rows)
+                else np.zeros(0, dtype=np.int64))
+        return SparseLinks(len(index), self.links, held, self.values[at[held]])
 
 
 Column: TypeAlias = np.ndarray | SparseLinks
