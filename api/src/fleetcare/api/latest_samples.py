@@ -10,11 +10,18 @@ by the request that finds it older:
 - first use: every GPU's newest sample of the last ``WINDOW`` (15 minutes) before the
   newest telemetry; the memory is complete from there on (``floor``);
 - after that: one narrow query (each GPU's newest ts among the rows after the newest ts
-  seen, and at it when more rows are there than GPUs held there: a fleet's samples of
-  one second land over many polls; every ``SLACK_EVERY_S`` from ``SLACK`` before it, for
-  late arrivals; zone maps skip the rest), then the full rows of only the GPUs whose
-  newest sample moved (agents report once a minute: ~1/60 of the fleet a second). Their
-  JSON is written before the readers' lock is taken: readers never wait for it.
+  seen, and at it those of GPUs not held there yet: a fleet's samples of one second land
+  over many polls; every ``SLACK_EVERY_S`` from ``SLACK`` before it, for late arrivals;
+  zone maps skip the rest), then the full rows of only the GPUs whose newest sample moved
+  (agents report once a minute: ~1/60 of the fleet a second). Their JSON is written
+  (msgspec: ~7x ``json``, non-finite numbers as null) before the readers' lock is taken:
+  readers never wait for it.
+
+The refresh shares the service's interpreter and cores with every request, so it is kept
+small: at 16,384 GPUs with a fleet tick landing over a minute, re-reading the ~16,000
+GPUs already held at the newest ts every second to find the ~270 new ones (and writing
+their JSON with ``json``) was ~40 ms of CPU a second, and requests arriving meanwhile
+were the API's p99 (``bench/bench_api_load.py``).
 
 What it does not see, and what then happens: a sample that lands behind a newer sample of
 another GPU shows within ``SLACK_EVERY_S`` (30 s); one that lands more than ``SLACK``
@@ -29,7 +36,6 @@ with a keeper).
 from __future__ import annotations
 
 import datetime as dt
-import json
 import logging
 import math
 import threading
@@ -38,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 import duckdb
+import msgspec
 import pyarrow as pa
 
 from fleetcare.api import queries
@@ -51,6 +58,8 @@ SLACK = dt.timedelta(minutes=2)
 SLACK_EVERY_S = 30.0
 REFRESH_S = 1.0
 KEEPER_LATE = 3
+_encode = msgspec.json.Encoder().encode  # NaN and infinities are written as null
+_decode = msgspec.json.Decoder().decode
 """With a keeper thread (``LatestSamples.keep``), a request refreshes only once the memory
 is this many ``refresh_s`` old."""
 
@@ -62,8 +71,8 @@ class LatestSamples:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.refresh_s = refresh_s
         self.clock = clock
-        self._samples: dict[str, str] = {}
-        """GPU -> its newest sample as JSON text: one object per GPU instead of ~70 (the
+        self._samples: dict[str, bytes] = {}
+        """GPU -> its newest sample as JSON: one object per GPU instead of ~70 (the
         garbage collector's full passes walk every long-lived object; see
         ``server.freeze_heap``)."""
         self._ts: dict[str, dt.datetime] = {}
@@ -71,6 +80,7 @@ class LatestSamples:
         self._node_of: dict[str, str] = {}
         self._mark: dt.datetime | None = None  # the newest ts seen
         self._at_mark = 0  # GPUs whose held sample is at _mark
+        self._at_mark_gpus: list[pa.Array] = []  # those GPUs, an array per refresh
         self.floor: dt.datetime | None = None  # complete from here on
         self._checked = -math.inf
         self._slack_checked = -math.inf
@@ -93,7 +103,7 @@ class LatestSamples:
         with self._data:
             texts = [self._samples[g] for g in self._gpus_of.get(node, ())
                      if self._ts[g] >= since]
-        out = [json.loads(t) for t in texts]
+        out = [_decode(t) for t in texts]
         out.sort(key=lambda s: (s["gpu_index"] is None, s["gpu_index"] or 0, s["gpu_uuid"]))
         return out
 
@@ -175,14 +185,25 @@ class LatestSamples:
         rows at it only when more GPUs have one there than are held there (agents of a
         fleet report at the same second; a tick's samples arrive over many polls). The
         slack scan compares in DuckDB, so an unchanged fleet costs no Python per GPU."""
-        if strict or not self._ts:  # rows at or after the newest held: few, or the first load
-            # ts >= lo bounds the scan (zone maps); rows at lo count only when new ones came
-            sql = ("SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= $lo AND (ts > $lo "
-                   "OR (SELECT count(*) FROM telemetry WHERE ts = $lo) > $held) "
-                   "GROUP BY gpu_uuid")
-            at_lo = self._at_mark if strict else -1
-            return [(g, t) for g, t in cur.execute(sql, {"lo": lo, "held": at_lo}).fetchall()
-                    if g not in self._ts or t > self._ts[g]]
+        if not self._ts:  # the first load
+            sql = "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= $lo GROUP BY gpu_uuid"
+            return [tuple(r) for r in cur.execute(sql, {"lo": lo}).fetchall()]
+        if strict:  # rows after the newest held, and at it of GPUs not held there yet
+            # ts >= lo bounds the scan (zone maps); rows at lo are read only when more are
+            # there than held, and then only those of the GPUs not held at lo
+            with self._data:
+                held_at = pa.chunked_array(self._at_mark_gpus, pa.string())
+                at_lo = self._at_mark
+            cur.register("_fc_at_mark", pa.table({"g": held_at}))
+            try:
+                rows = cur.execute(
+                    "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= $lo AND (ts > $lo "
+                    "OR ((SELECT count(*) FROM telemetry WHERE ts = $lo) > $held "
+                    "AND gpu_uuid NOT IN (SELECT g FROM _fc_at_mark))) GROUP BY gpu_uuid",
+                    {"lo": lo, "held": at_lo}).fetchall()
+            finally:
+                cur.unregister("_fc_at_mark")
+            return [(g, t) for g, t in rows if g not in self._ts or t > self._ts[g]]
         with self._data:
             held = pa.table({"g": pa.array(list(self._ts), pa.string()),
                              "t": pa.array(list(self._ts.values()), pa.timestamp("us"))})
@@ -212,23 +233,21 @@ class LatestSamples:
             self._apply(taken)
 
     @staticmethod
-    def _texts(rows: list[tuple[Any, ...]]) -> list[tuple[str, str, dt.datetime, str]]:
-        """(GPU, node, ts, sample as JSON text) of each row."""
+    def _texts(rows: list[tuple[Any, ...]]) -> list[tuple[str, str, dt.datetime, bytes]]:
+        """(GPU, node, ts, sample as JSON) of each row."""
         out = []
         for r in rows:
             sample = dict(zip(SAMPLE_COLUMNS, r, strict=True))
             ts: dt.datetime = sample["ts"]
             sample["ts"] = queries.iso_z(ts)
-            try:  # all finite, as nearly always: no walk over every value (~85 µs a sample)
-                text = json.dumps(sample, allow_nan=False)
-            except ValueError:  # a NaN or infinity somewhere: null, as queries gives it
-                text = json.dumps(queries.finite(sample), allow_nan=False)
-            out.append((sample["gpu_uuid"], sample["node"], ts, text))
+            # a NaN or infinity is written as null, as queries gives it (queries.finite)
+            out.append((sample["gpu_uuid"], sample["node"], ts, _encode(sample)))
         return out
 
-    def _apply(self, taken: list[tuple[str, str, dt.datetime, str]]) -> None:
+    def _apply(self, taken: list[tuple[str, str, dt.datetime, bytes]]) -> None:
         """Hold ``taken`` (``_texts``); the caller holds ``_data``: dictionary updates
         only, so readers wait microseconds, not for the JSON of a slack scan's catch-up."""
+        at_mark: list[str] = []
         for gpu, node, ts, text in taken:
             was = self._node_of.get(gpu)
             if was is not None and was != node:  # the GPU moved to another node
@@ -240,5 +259,10 @@ class LatestSamples:
             if self._mark is None or ts > self._mark:
                 self._mark = ts
                 self._at_mark = 0
+                self._at_mark_gpus = []
+                at_mark = []
             if ts == self._mark:
                 self._at_mark += 1
+                at_mark.append(gpu)
+        if at_mark:
+            self._at_mark_gpus.append(pa.array(at_mark, pa.string()))
