@@ -22,8 +22,8 @@ errors (``not_sent``).
 
 Two phases in one run, same server, same rate, same mix, after ``--warmup`` seconds of
 unmeasured load (the server's first requests are slow once: ``warmup_p99_ms``): ``quiet``
-(writers paused: the ceiling) then ``writing``. The figure is the writing phase's scheduled p99; the ratio is
-the quiet p99 over it (1.0: the writes cost readers nothing). ``--find-saturation`` then
+(writers paused: the ceiling) then ``writing``. The figure is the writing phase's
+scheduled p99; the ratio is the quiet p99 over it (1.0: the writes cost readers nothing). ``--find-saturation`` then
 steps the rate up, writers on, and reports the highest rate held (achieved >= 98 % of the
 rate, no errors) with a scheduled p99 under ``--p99-ms``.
 

@@ -58,10 +58,10 @@ SLACK = dt.timedelta(minutes=2)
 SLACK_EVERY_S = 30.0
 REFRESH_S = 1.0
 KEEPER_LATE = 3
-_encode = msgspec.json.Encoder().encode  # NaN and infinities are written as null
-_decode = msgspec.json.Decoder().decode
 """With a keeper thread (``LatestSamples.keep``), a request refreshes only once the memory
 is this many ``refresh_s`` old."""
+_encode = msgspec.json.Encoder().encode  # NaN and infinities are written as null
+_decode = msgspec.json.Decoder().decode
 
 
 class LatestSamples:
@@ -79,8 +79,7 @@ class LatestSamples:
         self._gpus_of: dict[str, set[str]] = {}
         self._node_of: dict[str, str] = {}
         self._mark: dt.datetime | None = None  # the newest ts seen
-        self._at_mark = 0  # GPUs whose held sample is at _mark
-        self._at_mark_gpus: list[pa.Array] = []  # those GPUs, an array per refresh
+        self._at_mark: list[pa.Array] = []  # GPUs whose held sample is at _mark, per refresh
         self.floor: dt.datetime | None = None  # complete from here on
         self._checked = -math.inf
         self._slack_checked = -math.inf
@@ -182,8 +181,9 @@ class LatestSamples:
                ) -> list[tuple[str, dt.datetime]]:
         """(GPU, newest ts) of the GPUs whose newest sample at or after ``lo`` is newer
         than the one held. ``strict`` (``lo`` is the newest ts seen): rows after it, and
-        rows at it only when more GPUs have one there than are held there (agents of a
-        fleet report at the same second; a tick's samples arrive over many polls). The
+        rows at it of the GPUs not held there, read only when more GPUs have one there
+        than are held there (agents of a fleet report at the same second; a tick's samples
+        arrive over many polls). The
         slack scan compares in DuckDB, so an unchanged fleet costs no Python per GPU."""
         if not self._ts:  # the first load
             sql = "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= $lo GROUP BY gpu_uuid"
@@ -192,15 +192,14 @@ class LatestSamples:
             # ts >= lo bounds the scan (zone maps); rows at lo are read only when more are
             # there than held, and then only those of the GPUs not held at lo
             with self._data:
-                held_at = pa.chunked_array(self._at_mark_gpus, pa.string())
-                at_lo = self._at_mark
+                held_at = pa.chunked_array(self._at_mark, pa.string())
             cur.register("_fc_at_mark", pa.table({"g": held_at}))
             try:
                 rows = cur.execute(
                     "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= $lo AND (ts > $lo "
                     "OR ((SELECT count(*) FROM telemetry WHERE ts = $lo) > $held "
                     "AND gpu_uuid NOT IN (SELECT g FROM _fc_at_mark))) GROUP BY gpu_uuid",
-                    {"lo": lo, "held": at_lo}).fetchall()
+                    {"lo": lo, "held": len(held_at)}).fetchall()
             finally:
                 cur.unregister("_fc_at_mark")
             return [(g, t) for g, t in rows if g not in self._ts or t > self._ts[g]]
@@ -258,11 +257,9 @@ class LatestSamples:
             self._gpus_of.setdefault(node, set()).add(gpu)
             if self._mark is None or ts > self._mark:
                 self._mark = ts
-                self._at_mark = 0
-                self._at_mark_gpus = []
+                self._at_mark = []
                 at_mark = []
             if ts == self._mark:
-                self._at_mark += 1
                 at_mark.append(gpu)
         if at_mark:
-            self._at_mark_gpus.append(pa.array(at_mark, pa.string()))
+            self._at_mark.append(pa.array(at_mark, pa.string()))
