@@ -452,7 +452,12 @@ _EVERY_ROW = object()
 def kept_rows(keep: np.ndarray) -> tuple[RowTake, np.ndarray]:
     """For ``keep`` (T, G): each kept row's GPU (tick-major), as the ``RowTake`` of a
     GPU-indexed array's rows, and each (tick, GPU)'s kept row."""
-    return RowTake(np.nonzero(keep)[1]), _kept_positions(keep)
+    return _kept_gpus(keep), _kept_positions(keep)
+
+
+def _kept_gpus(keep: np.ndarray) -> RowTake:
+    """Each kept row's GPU (``kept_rows``'s first half)."""
+    return RowTake(np.nonzero(keep)[1])
 
 
 def _kept_positions(keep: np.ndarray) -> np.ndarray:
@@ -505,7 +510,7 @@ class _Rows:
         """Each kept row's GPU (``keep`` is not None), made when first needed."""
         assert self.keep is not None
         if self.g_of is None:
-            self.g_of = RowTake(np.nonzero(self.keep)[1])
+            self.g_of = _kept_gpus(self.keep)
         return self.g_of
 
     def _pos(self) -> np.ndarray:
