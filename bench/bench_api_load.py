@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 from _common import report
 
-from fleetcare.api import auth
+from fleetcare.api import auth, priority
 from fleetcare.api.app import create_app
 from fleetcare.api.server import bound_port, start_server_thread
 from fleetcare.collectors.sim import FleetSpec, simulate_incidents
@@ -224,6 +224,9 @@ def main() -> None:
                    help="scoring runs already in the tables (prune keeps 60 plus hourly)")
     p.add_argument("--rate", type=float, default=200, help="requests/s to hold")
     p.add_argument("--duration", type=float, default=60, help="seconds of load per phase")
+    p.add_argument("--background-nice", type=int, default=priority.BACKGROUND_NICE,
+                   help="niceness levels the writers and the sample memory's keeper run "
+                        "below the API's threads, as `serve`'s (0: the same priority)")
     p.add_argument("--warmup", type=float, default=5,
                    help="seconds of unmeasured load before the phases (writers paused)")
     p.add_argument("--workers", type=int, default=32, help="client threads")
@@ -263,7 +266,8 @@ def main() -> None:
         setup_s = time.perf_counter() - t0
 
         token, _ = auth.create_token(store.cursor(), "read", name="bench")
-        app = create_app(store, keep_fresh=True)  # as `serve` does
+        app = create_app(store, keep_fresh=True,  # as `serve` does
+                         background_nice=args.background_nice)
         server, thread = start_server_thread(app, freeze=True)  # as `serve` does
         base = f"http://127.0.0.1:{bound_port(server)}"
 
@@ -275,6 +279,7 @@ def main() -> None:
         def writer() -> None:
             """A fleet tick every tick_s in batches_per_tick slices; a scoring run every
             score_every (wall)."""
+            priority.lower_this_thread(args.background_nice)  # as the service's loops
             k = 0
             parts = max(1, args.batches_per_tick)
             every = args.tick_s / parts
@@ -350,7 +355,7 @@ def main() -> None:
         "writer_busy_fraction": round(busy_writing / args.duration, 2),
         "snapshot_builds": snapshot_builds,
         "server_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-        "auth": "bearer (read)",
+        "auth": "bearer (read)", "background_nice": args.background_nice,
     }
     if args.find_saturation:
         held = [s["rate"] for s in steps if _held(s, args.p99_ms)]

@@ -96,6 +96,13 @@ def test_serve_on_a_port_that_is_not_one(dbs: dict[str, Path]) -> None:
     assert line.endswith("use 1..65535 (0 picks a free one)")
 
 
+def test_serve_with_a_background_priority_out_of_range(dbs: dict[str, Path]) -> None:
+    line = one_line(run("serve", "--db", str(dbs["healthy"]), "--port", "0",
+                        env={"FLEETCARE_CLI_BACKGROUND_NICE": "25"}), 2,
+                    "fleetcare serve: error: background_nice 25 ")
+    assert "FLEETCARE_CLI_BACKGROUND_NICE" in line and "use 0" in line
+
+
 def test_serve_on_a_port_in_use(dbs: dict[str, Path]) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

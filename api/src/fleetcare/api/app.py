@@ -69,7 +69,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 
 from fleetcare.api import auth as _auth
-from fleetcare.api import queries, sessions
+from fleetcare.api import priority, queries, sessions
 from fleetcare.api.latest_samples import LatestSamples
 from fleetcare.api.latest_scores import LatestScores
 from fleetcare.api.request_bounds import DEFAULT_MAX_BODY_BYTES, BodyLimit, excerpt
@@ -237,7 +237,8 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
                simulated: bool | None = None, drains: Any = None,
                max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
                ingest: Callable[[], Iterable[Family]] | None = None,
-               freshness_s: float = 1.0, keep_fresh: bool = False) -> FastAPI:
+               freshness_s: float = 1.0, keep_fresh: bool = False,
+               background_nice: int = priority.BACKGROUND_NICE) -> FastAPI:
     """The API over ``store``.
 
     ``drains``: the service's ``DrainController``, for ``POST /v1/drains/{node}/clear``
@@ -257,7 +258,8 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
     process show within it; 0 checks on every request (tests that write, then read).
     ``keep_fresh``: the held samples are refreshed by a thread of their own rather than by
     the request that finds them a ``freshness_s`` old (the service: ``fleetcare serve``,
-    the demo; it ends when ``store`` closes).
+    the demo; it ends when ``store`` closes), ``background_nice`` below the API's threads
+    in CPU priority (``priority``).
     """
     version = _version()
     app = FastAPI(
@@ -287,7 +289,7 @@ def create_app(store: Store, *, auth: bool = True, clock: Callable[[], float] = 
         finally:
             cur.close()
         if keep_fresh and freshness_s > 0:
-            ctx.samples.keep(store.cursor)
+            ctx.samples.keep(store.cursor, background_nice)
     docs.mount(app)
 
     @app.exception_handler(duckdb.Error)

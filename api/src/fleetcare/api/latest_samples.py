@@ -47,7 +47,7 @@ import duckdb
 import msgspec
 import pyarrow as pa
 
-from fleetcare.api import queries
+from fleetcare.api import priority, queries
 from fleetcare.pipeline.schema import SAMPLE_COLUMNS, contract_samples_sql
 from fleetcare.pipeline.telemetry import sql_ts
 
@@ -112,13 +112,18 @@ class LatestSamples:
         self._checked = -math.inf
         self._refresh(cur)
 
-    def keep(self, open_cursor: Callable[[], Cursor]) -> threading.Thread:
+    def keep(self, open_cursor: Callable[[], Cursor],
+             background_nice: int = priority.BACKGROUND_NICE) -> threading.Thread:
         """Refresh from a daemon thread of its own every ``refresh_s`` (the service), so
         that no request pays for it: at 16,384 GPUs a refresh takes 20-70 ms, and one
         request a second paid it (0.5 % of requests at 200 a second: the API's p99). A
         request still refreshes once the memory is ``KEEPER_LATE`` intervals old (the
-        keeper stopped). The thread ends at ``stop()`` or when the database closes."""
+        keeper stopped). The thread ends at ``stop()`` or when the database closes. It runs
+        ``background_nice`` below the API's threads in CPU priority (``priority``)."""
+        priority.checked(background_nice)
+
         def run() -> None:
+            priority.lower_this_thread(background_nice)
             try:
                 cur = open_cursor()
             except duckdb.Error:

@@ -20,7 +20,8 @@ link going down (``pipeline.urgent``) — wakes the scorer at once instead of at
 cycle, at most every ``urgent_gap_s``: a GSP or SRAM precursor 1–3 h before the failure is
 scored within seconds even when the fleet is rescored every few minutes.
 
-Both loops log exceptions and keep running (a daemon never dies of one bad poll). An
+Both loops run below the API's threads in CPU priority (``priority``: readers first) and log
+exceptions and keep running (a daemon never dies of one bad poll). An
 ingest worker that stops on an error is replaced by a new one on a new consumer, which
 resumes from the last committed position: nothing it had read but not landed is lost.
 """
@@ -33,6 +34,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from fleetcare.api import priority
 from fleetcare.api.alerts import AlertEngine
 from fleetcare.api.drains import DrainController
 from fleetcare.collectors.agent_metrics import Family
@@ -63,8 +65,10 @@ class Service:
                  wall: Callable[[], float] = time.time,
                  urgent_gap_s: float = 5.0,
                  urgent: UrgentSignals | None = None,
-                 rescore_on_events: bool = True) -> None:
+                 rescore_on_events: bool = True,
+                 background_nice: int = priority.BACKGROUND_NICE) -> None:
         self.store = store
+        self.background_nice = priority.checked(background_nice)
         self.open_consumer = open_consumer
         self.score_every_s = score_every_s
         self.ingest_poll_s = ingest_poll_s
@@ -242,9 +246,15 @@ class Service:
     def start(self) -> None:
         loops = [self._score_loop] + ([self._ingest_loop] if self.open_consumer else [])
         for loop in loops:
-            t = threading.Thread(target=loop, name=f"fleetcare-{loop.__name__[1:]}", daemon=True)
+            t = threading.Thread(target=self._background, args=(loop,),
+                                 name=f"fleetcare-{loop.__name__[1:]}", daemon=True)
             t.start()
             self._threads.append(t)
+
+    def _background(self, loop: Callable[[], None]) -> None:
+        """A loop at ``background_nice`` below the API's priority (``priority``)."""
+        priority.lower_this_thread(self.background_nice)
+        loop()
 
     @property
     def threads(self) -> list[threading.Thread]:

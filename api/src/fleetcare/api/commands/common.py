@@ -159,6 +159,9 @@ class Settings(KafkaSecurityConfig):
     # DuckDB's memory limit for every database a command opens ("4GB"; default DuckDB's own,
     # 80 % of RAM); past it DuckDB spills to disk
     duckdb_memory: str | None = None
+    # serve: how many niceness levels its ingest, scoring and sample-memory threads run below
+    # the API's (0 to 19; 0: the same priority), so a request does not wait behind a write
+    background_nice: int = 10
 
 
 # -- output ---------------------------------------------------------------------------------

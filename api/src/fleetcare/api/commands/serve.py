@@ -47,6 +47,12 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     if not 0 <= listen <= 65535:
         args.serve_parser.error(f"port {listen} (the [cli] port setting, FLEETCARE_CLI_PORT) "
                                 "is not a port: use 1..65535")
+    from fleetcare.api.priority import MAX_NICE
+
+    if not 0 <= cfg.background_nice <= MAX_NICE:
+        args.serve_parser.error(f"background_nice {cfg.background_nice} (the [cli] "
+                                "background_nice setting, FLEETCARE_CLI_BACKGROUND_NICE) is not "
+                                f"a niceness step: use 0 (writers at the API's priority) to {MAX_NICE}")
     check_listen(host, listen)
     resolve_source(args.serve_parser, args, cfg)
     open_consumer = consumer_factory(args.serve_parser, args, cfg) if args.bus else None
@@ -60,7 +66,8 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
                   score_every_s=args.score_every,
                   alerts=AlertEngine.from_config(store, load_config(args.config),
                                                  node_labels=queries.labels_reader(store)),
-                  drains=drains, rescore_on_events=not args.no_event_rescore)
+                  drains=drains, rescore_on_events=not args.no_event_rescore,
+                  background_nice=cfg.background_nice)
     log.info("serve.started db=%s source=%s", store.path, mask_secrets(
         args.bus or (f"lake {args.lake}" if args.lake else "none (scoring only)")))
     svc.start()
@@ -68,7 +75,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     try:
         app = create_app(store, auth=not args.no_auth, drains=drains,
                          max_body_bytes=cfg.max_body_bytes, ingest=svc.families,
-                         keep_fresh=True)
+                         keep_fresh=True, background_nice=cfg.background_nice)
         serve(app, host=host, port=listen)
     finally:
         if app is not None:
