@@ -47,9 +47,11 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     if not 0 <= listen <= 65535:
         args.serve_parser.error(f"port {listen} (the [cli] port setting, FLEETCARE_CLI_PORT) "
                                 "is not a port: use 1..65535")
-    from fleetcare.api.priority import MAX_NICE
+    from fleetcare.api.priority import MAX_NICE, checked
 
-    if not 0 <= cfg.background_nice <= MAX_NICE:
+    try:
+        checked(cfg.background_nice)
+    except ValueError:
         args.serve_parser.error(f"background_nice {cfg.background_nice} (the [cli] "
                                 "background_nice setting, FLEETCARE_CLI_BACKGROUND_NICE) is not "
                                 f"a niceness step: use 0 (writers at the API's priority) to {MAX_NICE}")
