@@ -25,10 +25,16 @@ def test_stored_without_outputs(path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)
-def test_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
+def test_runs_top_to_bottom(path: Path, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> None:
     from nbclient import NotebookClient
 
     nb = nbformat.read(path, as_version=4)
+    # the kernel's temporary files land here (it inherits the environment), so that what
+    # the notebook leaves behind can be seen: it must remove what it wrote
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
     # "python3" is ipykernel's own kernel: it starts with this interpreter (sys.executable)
     client = NotebookClient(nb, timeout=600, kernel_name="python3",
                             resources={"metadata": {"path": str(tmp_path)}})
@@ -39,6 +45,7 @@ def test_runs_top_to_bottom(path: Path, tmp_path: Path) -> None:
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                    for o in c.outputs)
     assert "SIMULATED" in text
+    assert [p.name for p in temp.glob("fleetcare-notebook-*")] == []
 
 
 def _exporter():
