@@ -150,6 +150,37 @@ def test_an_error_nobody_foresaw_says_so_and_how_to_see_the_traceback(
     assert "unexpected error (RuntimeError" in err and "hunter2" not in err
 
 
+def test_a_value_error_from_inside_a_library_is_a_bug_not_an_operational_error(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """fleetcare's own ValueErrors say what is wrong and the fix: one line, as they are.
+    One raised inside a library (numpy here) means fleetcare handed it bad data — a bug:
+    reported as unexpected, with the flag that shows the traceback."""
+    import numpy as np
+
+    from fleetcare.api import priority
+    from fleetcare.api.commands import models as command
+
+    def ours(args: object, cfg: object) -> int:
+        priority.checked(99)  # fleetcare's own range check
+        return 0
+
+    monkeypatch.setattr(command, "run", ours)
+    assert main(["models", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unexpected" not in err and "99" in err
+
+    def library(args: object, cfg: object) -> int:
+        np.linspace(0.0, 1.0, -1)  # ValueError raised in numpy's own Python code
+        return 0
+
+    monkeypatch.setattr(command, "run", library)
+    assert main(["models", "list"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("fleetcare models: unexpected error (ValueError: ")
+    assert "--log-level debug" in err
+
+
 @pytest.fixture(scope="module")
 def small_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     db = tmp_path_factory.mktemp("cli") / "fleet.duckdb"

@@ -103,13 +103,28 @@ def version_text(prog: str = "fleetcare") -> str:
     return f"{prog} {v('fleetcare-api')} ({parts})"
 
 
+def _raised_by_fleetcare(exc: BaseException) -> bool:
+    """Whether the innermost Python frame ``exc`` passed through is fleetcare's own code
+    (a built-in such as ``int()`` or ``datetime.fromisoformat`` has no frame: its caller's
+    counts). True for an exception that was never raised."""
+    tb = exc.__traceback__
+    if tb is None:
+        return True
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(tb.tb_frame.f_globals.get("__name__", "")).startswith("fleetcare.")
+
+
 def error_line(exc: BaseException) -> str:
     """The one line printed for an operational error: the message (fleetcare's errors,
-    ValueError and OSError say what is wrong and the fix), or for an error nobody
-    foresaw its type and how to see the traceback. Secrets masked, newlines folded."""
+    the ValueErrors fleetcare raises, and OSError say what is wrong and the fix), or for
+    an error nobody foresaw — a ValueError from inside a library (numpy, LightGBM: a bug of
+    ours that passed it bad data) included — its type and how to see the traceback.
+    Secrets masked, newlines folded."""
     text = " ".join(str(exc).split()) or type(exc).__name__
     expected = (type(exc).__module__.startswith("fleetcare.")
-                or isinstance(exc, (ValueError, OSError)))
+                or isinstance(exc, OSError)
+                or (isinstance(exc, ValueError) and _raised_by_fleetcare(exc)))
     if not expected:
         text = (f"unexpected error ({type(exc).__name__}: {text}); rerun with --log-level "
                 "debug for the traceback, and report it")
