@@ -129,21 +129,25 @@ def goodput(runs: list[dict[str, Any]]) -> dict[str, Any]:
                 "false_drains": drains[k]} for k, v in total.items()}
 
 
-def summarise(runs: list[dict[str, Any]], threshold: float) -> dict[str, Any]:
-    """Per fleet, spread, and pooled figures at the shipped threshold (and, for
-    reference, at the best threshold within the budget chosen on these scores)."""
+def summarise(runs: list[dict[str, Any]], threshold: float,
+              rule: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Per fleet, spread, and pooled figures at the shipped operating point (its threshold
+    and ``rule``: the hold and immediate risk, ``prior.operating_rule``), and, for
+    reference, at the best threshold within the budget chosen on these scores."""
+    rule = rule or {}
     per = {}
     for r in runs:
         fs = r["scores"]
-        m = prior.metrics_of(fs, threshold=threshold)
+        m = prior.metrics_of(fs, threshold=threshold, **rule)
         per[fs.name] = {k: m.get(k) for k in (
             "pr_auc", "base_rate", "n_failures", "node_days", "precursor_recall_at_budget",
             "recall_at_budget", "false_drains_per_1000_node_days", "median_lead_time_h",
             "detected_by_mode")}
     pool = prior.pooled([r["scores"] for r in runs])
-    at = prior.metrics_of(pool, threshold=threshold)
-    hourly = prior.metrics_of(prior.pooled([r["hourly"] for r in runs]), threshold=threshold)
-    oracle = prior.metrics_of(pool, max_candidates=prior.THRESHOLD_CANDIDATES)
+    at = prior.metrics_of(pool, threshold=threshold, **rule)
+    hourly = prior.metrics_of(prior.pooled([r["hourly"] for r in runs]), threshold=threshold,
+                              **rule)
+    oracle = prior.metrics_of(pool, max_candidates=prior.THRESHOLD_CANDIDATES, **rule)
     rules = {}
     for name in ("reactive_xid", "dcgm_thresholds"):
         al = [r["rules"][name] for r in runs]
@@ -284,10 +288,12 @@ def main() -> int:
     blob, meta = prior.load()
     model = FailureModel.from_bytes(blob)
     threshold = float(meta["threshold"])
+    rule = prior.operating_rule(meta)
     workdir = Path(args.workdir)
     groups = args.only or ["x4", "home", "real"]
     out: dict[str, Any] = {"bench": "fleet_pool", "data": "simulated",
                            "prior": prior.prior_id(blob), "threshold": threshold,
+                           **rule,
                            "scored": "hourly and events" if args.events else "hourly",
                            "window_h": WINDOW_H, "budget": "1 false drain / 1,000 node-days"}
     for g in groups:
@@ -298,7 +304,7 @@ def main() -> int:
         if not fleets:
             continue
         runs = [run_fleet(workdir, f, model, events=args.events) for f in fleets]
-        out[g] = summarise(runs, threshold)
+        out[g] = summarise(runs, threshold, rule)
     targets: dict[str, Any] = {}
     if args.fleet:  # a part of a pool: no target is judged on it
         out["only_fleets"] = sorted(args.fleet)

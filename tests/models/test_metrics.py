@@ -175,3 +175,60 @@ def test_threshold_search_tries_every_high_score():
     r = M.choose_threshold(ts, node, score, failures, H, node_days=1000.0)  # budget 1
     assert r is not None and r.detected == [True, True] and r.false_drains <= 1
     assert 0.96 <= r.threshold <= 0.97
+
+
+# -- the risk a node has held (two-tier alarms) ---------------------------------------------
+MIN = np.timedelta64(1, "m")
+
+
+def test_held_risk_is_the_lowest_risk_over_the_hold_once_the_node_was_scored_that_long():
+    ts = T0 + np.arange(6) * HOUR
+    node = np.array(["A"] * 6, dtype=object)
+    risk = np.array([0.1, 0.9, 0.2, 0.9, 0.9, 0.9])
+    held = M.held_risk(ts, node, risk, HOUR)
+    # the first scoring has nothing an hour before it: not held long enough to say
+    assert held.tolist() == [-1.0, 0.1, 0.2, 0.2, 0.9, 0.9]
+    assert M.held_risk(ts, node, risk, 0 * HOUR).tolist() == risk.tolist()
+
+
+def test_an_event_scoring_has_not_held_until_an_hour_of_scorings_lies_behind_it():
+    """A scoring a minute after an urgent signal (1:01) has held since 0:00 (a scoring a
+    minute off the hour counts: ``HELD_TOLERANCE``); at 2:00 the window holds 1:00, 1:01
+    and 2:00. One at 0:30 on a node first scored at 0:00 has not held yet."""
+    ts = np.array([T0, T0 + HOUR, T0 + HOUR + MIN, T0 + 2 * HOUR])
+    node = np.array(["A"] * 4, dtype=object)
+    risk = np.array([0.1, 0.5, 0.95, 0.8])
+    assert M.held_risk(ts, node, risk, HOUR).tolist() == [-1.0, 0.1, 0.1, 0.5]
+    half = np.array([T0, T0 + 30 * MIN, T0 + 90 * MIN])
+    assert M.held_risk(half, node[:3], risk[:3], HOUR).tolist() == [-1.0, -1.0, 0.5]
+    # three minutes late is too late: not held since an hour before
+    late = np.array([T0, T0 + HOUR + 3 * MIN])
+    assert M.held_risk(late, node[:2], risk[:2], HOUR).tolist() == [-1.0, -1.0]
+
+
+def test_held_risk_equals_the_definition_on_shuffled_interleaved_nodes():
+    rng = np.random.default_rng(7)
+    n = 300
+    node = rng.choice(np.array(["a", "b", "c"], dtype=object), n)
+    ts = T0 + rng.integers(0, 48 * 60, n) * MIN  # irregular minutes over two days, and
+    # some scorings of one node at one ts
+    risk = rng.random(n)
+    hold = 90 * MIN
+    got = M.held_risk(ts, node, risk, hold)
+    for i in range(n):
+        tol = M.HELD_TOLERANCE
+        mine = (node == node[i]) & (ts >= ts[i] - hold - tol) & (ts <= ts[i])
+        want = risk[mine].min() if ts[mine].min() <= ts[i] - hold + tol else -1.0
+        assert got[i] == want, i
+
+
+def test_two_tier_alarms_at_once_above_immediate_and_after_the_hold_below_it():
+    ts = T0 + np.arange(4) * HOUR
+    node = np.array(["A"] * 4, dtype=object)
+    risk = np.array([0.2, 0.99, 0.6, 0.7])
+    score = M.two_tier(ts, node, risk, HOUR, immediate=0.95)
+    assert score.tolist() == [-1.0, 0.99, 0.6, 0.6]
+    # at 0.5 the node alarms at 1:00 (immediate), at 0.65 only the immediate alarm counts
+    assert M.alarm_episodes(ts, node, score, 0.5, 72 * HOUR) == [("A", ts[1])]
+    waits = M.two_tier(ts, node, np.array([0.2, 0.9, 0.9, 0.9]), HOUR, immediate=np.inf)
+    assert M.alarm_episodes(ts, node, waits, 0.8, 72 * HOUR) == [("A", ts[2])]

@@ -216,6 +216,39 @@ def test_the_operating_threshold_holds_the_x4_share_of_the_budget(tiny):
     assert high["validation_x4_scores"] == "hourly and events"
 
 
+def test_the_hold_is_chosen_on_the_x4_validation_fleets_for_the_best_recall(tiny):
+    """Every hold and immediate risk is tried with its own lowest threshold within the x4
+    budget; the pair catching the most precursor failures operates (a tie: the first
+    tried, i.e. the shorter hold), at the threshold it needs."""
+    work, model, meta = tiny
+    got = prior.operating_threshold(work, model, {"validation": {"threshold": 0.0}}, TINY_X4)
+    tried = got["validation_x4_rules_tried"]
+    assert len(tried) == 1 + (len(prior.HOLDS_H) - 1) * len(prior.IMMEDIATE)
+    assert tried[0]["hold_h"] == 0.0 and tried[0]["immediate"] is None
+    recall = [t["precursor_recall_at_budget"] or 0.0 for t in tried]
+    first_best = tried[recall.index(max(recall))]
+    assert (got["hold_h"], got["immediate"]) == (first_best["hold_h"], first_best["immediate"])
+    assert got["threshold"] == first_best["threshold"]
+    assert got["validation_x4"]["precursor_recall_at_budget"] == max(recall)
+    # what the meta says is what the figures at the operating point were judged with
+    again = prior.metrics_of(prior.validation_scores(work, TINY_X4, model),
+                             threshold=got["threshold"], **prior.operating_rule(got))
+    assert again["false_drains"] == got["validation_x4_at_threshold"]["false_drains"]
+
+
+def test_alarm_score_is_the_risk_without_a_hold_and_waits_with_one():
+    from fleetcare.models.evaluation import NodeScores
+
+    t0 = np.datetime64("2026-01-01T00:00", "us")
+    ts = t0 + np.arange(3) * np.timedelta64(1, "h")
+    s = NodeScores(ts, np.array(["n"] * 3, dtype=object), np.array([0.9, 0.9, 0.2]),
+                   np.zeros(3, bool), np.ones(3, bool))
+    assert prior.alarm_score(s).tolist() == [0.9, 0.9, 0.2]
+    assert prior.operating_rule({}) == {"hold_h": 0.0, "immediate": None}
+    assert prior.alarm_score(s, 1.0).tolist() == [-1.0, 0.9, 0.2]
+    assert prior.alarm_score(s, 1.0, 0.85).tolist() == [0.9, 0.9, 0.2]
+
+
 def test_threshold_command_rewrites_only_the_meta(tiny, tmp_path, monkeypatch, capsys):
     import json
 

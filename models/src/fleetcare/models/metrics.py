@@ -98,6 +98,54 @@ def node_risk(ts: np.ndarray, node: np.ndarray, p_gpu: np.ndarray
     return g.ts, g.node, g.risk(p_gpu)
 
 
+HELD_TOLERANCE = np.timedelta64(120, "s")
+"""How much later than ``t - hold`` a node's first scoring in the window may come and
+still count as holding since then (scorings are not exactly on the hour)."""
+
+
+def held_risk(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, hold: np.timedelta64, *,
+              tolerance: np.timedelta64 = HELD_TOLERANCE) -> np.ndarray:
+    """Per scoring, the risk its node has held for ``hold``: the lowest of the node's risks
+    at its scorings in ``[t - hold - tolerance, t]``, or -1 where the node's first scoring
+    in that window comes after ``t - hold + tolerance`` (not scored long enough to say).
+    A zero ``hold`` returns the risks. Rows in any order; the result is in theirs."""
+    risk = np.asarray(risk, dtype=np.float64)
+    n = len(risk)
+    if hold <= np.timedelta64(0, "s") or n == 0:
+        return risk.copy()
+    ts = np.asarray(ts).astype("datetime64[us]")
+    _, code = np.unique(np.asarray(node, dtype=object).astype(str), return_inverse=True)
+    order = np.lexsort((ts, code))
+    t = (ts[order] - ts.min()).astype(np.int64)  # microseconds since the first scoring
+    h = int(hold / np.timedelta64(1, "us"))
+    tol = int(tolerance / np.timedelta64(1, "us"))
+    span = int(t.max()) + h + tol + 1
+    key = code[order].astype(np.int64) * span + t  # each node's scorings, in time order
+    first = np.searchsorted(key, key - h - tol, side="left")  # its window's first scoring
+    last = np.searchsorted(key, key, side="right") - 1  # and last (one ts: all of them)
+    r = risk[order]
+    low = r[last]
+    reach = last - first
+    for k in range(1, int(reach.max()) + 1):
+        rows = np.flatnonzero(reach >= k)
+        low[rows] = np.minimum(low[rows], r[last[rows] - k])
+    held = t[first] <= t - h + tol
+    out = np.empty(n)
+    out[order] = np.where(held, low, -1.0)
+    return out
+
+
+def two_tier(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, hold: np.timedelta64,
+             immediate: float) -> np.ndarray:
+    """The alarm score of a two-tier rule: the risk where it is at least ``immediate``,
+    elsewhere the risk held for ``hold`` (``held_risk``). At a threshold ``x <= immediate``
+    a node alarms when its risk reaches ``immediate`` or has stayed at ``x`` or above for
+    ``hold``; above ``immediate`` the score is the risk. ``immediate=inf`` waits always,
+    a zero ``hold`` is the risk itself."""
+    risk = np.asarray(risk, dtype=np.float64)
+    return np.where(risk >= immediate, risk, held_risk(ts, node, risk, hold))
+
+
 @dataclass(frozen=True, slots=True)
 class Failure:
     node: str

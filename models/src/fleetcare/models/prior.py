@@ -148,6 +148,14 @@ X4_BUDGET = 0.8
 fleets: four fifths of the budget, a margin for the spread between fleets (two fleets'
 ~40 false drains place a threshold to about +/-15 %). Fixed before any fleet of the pool
 was scored with it."""
+HOLDS_H = (0.0, 1.0, 2.0)
+"""Hours a node's risk must have stayed at the threshold before it alarms, tried when the
+operating point is chosen on the x4 validation fleets (``operating_threshold``; with
+``IMMEDIATE`` a risk that high alarms at once). A look-alike — a burst of corrected errors
+or PCIe replays that stops — scores high for an hour or two and drops; a precursor stays.
+What the ``[alerts] for`` setting does in the product."""
+IMMEDIATE = (None, 0.99, 0.98, 0.96, 0.93)
+"""Risks that alarm at once, without the hold, tried with each hold (None: none does)."""
 
 
 NETWORK_TRAIN_FLEETS = (
@@ -494,20 +502,39 @@ def pooled(fleets: Sequence[FleetScores]) -> FleetScores:
                        np.concatenate([f.gpu_p for f in fleets]))
 
 
+def alarm_score(scores: Any, hold_h: float = 0.0, immediate: float | None = None
+                ) -> np.ndarray:
+    """What alarms are judged on: the node risk, or with a ``hold_h`` the risk held that
+    long (``metrics.two_tier``; a risk of ``immediate`` or more alarms at once)."""
+    if not hold_h:
+        return np.asarray(scores.risk, dtype=np.float64)
+    return M.two_tier(scores.ts, scores.node, scores.risk,
+                      np.timedelta64(int(round(hold_h * 3600)), "s"),
+                      np.inf if immediate is None else float(immediate))
+
+
+def operating_rule(meta: dict[str, Any]) -> dict[str, Any]:
+    """The meta's hold and immediate risk (``alarm_score``'s keywords; none before them)."""
+    return {"hold_h": float(meta.get("hold_h") or 0.0), "immediate": meta.get("immediate")}
+
+
 def metrics_of(f: FleetScores, *, window_h: float = M.WINDOW_H, every_s: int = 3600,
                threshold: float | None = None, budget: float = 1.0,
-               max_candidates: int = 400) -> dict[str, Any]:
+               max_candidates: int = 400, hold_h: float = 0.0,
+               immediate: float | None = None) -> dict[str, Any]:
     """Node-level metrics: at ``threshold`` when given (a fixed operating point), else at
     the best threshold within ``budget`` false drains per 1,000 node-days on these very
-    scores (``max_candidates`` thresholds tried, ``metrics.choose_threshold``)."""
+    scores (``max_candidates`` thresholds tried, ``metrics.choose_threshold``). Alarms on
+    ``alarm_score`` (a ``hold_h``, an ``immediate`` risk); PR-AUC on the risk."""
     s = f.scores
     grace = np.timedelta64(every_s, "s")
     W = np.timedelta64(int(round(window_h * 3600)), "s")
+    alarm = alarm_score(s, hold_h, immediate)
     if threshold is None:
-        res = M.choose_threshold(s.ts, s.node, s.risk, f.failures, W, f.node_days, grace=grace,
+        res = M.choose_threshold(s.ts, s.node, alarm, f.failures, W, f.node_days, grace=grace,
                                  false_drain_budget=budget, max_candidates=max_candidates)
     else:
-        res = M.evaluate_alarms(s.ts, s.node, s.risk, f.failures, threshold, W, grace=grace)
+        res = M.evaluate_alarms(s.ts, s.node, alarm, f.failures, threshold, W, grace=grace)
     out = M.metrics_at(res, s.ts, s.node, s.risk, s.label, f.failures, window_h,
                        f.node_days, false_drain_budget=budget, labeled=s.known, grace=grace)
     from fleetcare.models.evaluation import failures_by_mode, precursor_recall
@@ -691,22 +718,42 @@ def operating_threshold(workdir: str | Path, model: FailureModel, meta: dict[str
     ``X4_BUDGET`` false drains per 1,000 node-days on the x4 validation ``fleets`` (hourly
     scores, and with ``events`` the event scores too): the threshold chosen at published
     rates (``meta["validation"]``) holds a quarter of the budget there, but not the budget
-    where look-alikes are four times as common. Returns the meta keys to update."""
+    where look-alikes are four times as common. The hold and the immediate risk
+    (``HOLDS_H``, ``IMMEDIATE``; ``alarm_score``) are chosen there too: the pair whose own
+    lowest threshold within ``X4_BUDGET`` catches the most precursor failures. Returns the
+    meta keys to update."""
     val = validation_scores(workdir, fleets, model, events=events, horizon_h=horizon_h,
                             say=say)
-    x4 = metrics_of(val, budget=X4_BUDGET, max_candidates=THRESHOLD_CANDIDATES)
-    x1_thr = meta["validation"].get("threshold")
-    cands = [t for t in (x1_thr, x4.get("threshold")) if t is not None]
-    threshold = max(cands) if cands else None
-    at = metrics_of(val, threshold=threshold) if threshold is not None else x4
     keep = ("threshold", "node_days", "n_failures", "false_drains", "false_drains_allowed",
             "false_drains_per_1000_node_days", "precursor_recall_at_budget",
             "recall_at_budget", "median_lead_time_h", "pr_auc", "base_rate")
-    return {"threshold": threshold, "x4_budget": X4_BUDGET,
+    tried: list[tuple[dict[str, Any], dict[str, Any]]] = []
+    for hold_h in HOLDS_H:
+        for immediate in IMMEDIATE if hold_h else (None,):
+            m = metrics_of(val, budget=X4_BUDGET, max_candidates=THRESHOLD_CANDIDATES,
+                           hold_h=hold_h, immediate=immediate)
+            tried.append(({"hold_h": hold_h, "immediate": immediate}, m))
+            if say is not None:
+                say(f"x4 validation, hold {hold_h:g} h, immediate {immediate}: precursor "
+                    f"recall {m.get('precursor_recall_at_budget')} at threshold "
+                    f"{m.get('threshold')}")
+    # the best recall within the budget; a tie goes to the shorter hold, then to no
+    # immediate risk or the highest (the order tried)
+    rule, x4 = max(tried, key=lambda t: t[1].get("precursor_recall_at_budget") or 0.0)
+    x1_thr = meta["validation"].get("threshold")
+    cands = [t for t in (x1_thr, x4.get("threshold")) if t is not None]
+    threshold = max(cands) if cands else None
+    at = metrics_of(val, threshold=threshold, **rule) if threshold is not None else x4
+    return {"threshold": threshold, **rule, "x4_budget": X4_BUDGET,
             "validation_x4_scores": "hourly and events" if events else "hourly",
             "validation_x4_fleets": [asdict(f) for f in fleets],
             "validation_x4": {k: x4.get(k) for k in keep},
-            "validation_x4_at_threshold": {k: at.get(k) for k in keep}}
+            "validation_x4_at_threshold": {k: at.get(k) for k in keep},
+            "validation_x4_rules_tried": [
+                {**r, **{k: m.get(k) for k in ("threshold", "precursor_recall_at_budget",
+                                               "false_drains_per_1000_node_days",
+                                               "median_lead_time_h")}}
+                for r, m in tried]}
 
 
 def write(model: FailureModel, meta: dict[str, Any], folder: Path | None = None) -> Path:
