@@ -216,20 +216,25 @@ def test_the_operating_threshold_holds_the_x4_share_of_the_budget(tiny):
     assert high["validation_x4_scores"] == "hourly and events"
 
 
-def test_the_hold_is_chosen_on_the_x4_validation_fleets_for_the_best_recall(tiny):
+@pytest.mark.parametrize("min_gain", [0.0, 2.0])
+def test_the_hold_is_chosen_on_the_x4_validation_fleets_for_the_best_recall(
+        tiny, monkeypatch, min_gain):
     """Every hold and immediate risk is tried with its own lowest threshold within the x4
     budget; the pair catching the most precursor failures operates (a tie: the first
-    tried, i.e. the shorter hold), at the threshold it needs."""
+    tried, i.e. the shorter hold), at the threshold it needs — a hold only when it adds
+    ``HOLD_MIN_GAIN`` (2.0: never)."""
     work, model, meta = tiny
+    monkeypatch.setattr(prior, "HOLD_MIN_GAIN", min_gain)
     got = prior.operating_threshold(work, model, {"validation": {"threshold": 0.0}}, TINY_X4)
     tried = got["validation_x4_rules_tried"]
     assert len(tried) == 1 + (len(prior.HOLDS_H) - 1) * len(prior.IMMEDIATE)
     assert tried[0]["hold_h"] == 0.0 and tried[0]["immediate"] is None
     recall = [t["precursor_recall_at_budget"] or 0.0 for t in tried]
-    first_best = tried[recall.index(max(recall))]
+    first_best = tried[recall.index(max(recall))] if min_gain == 0.0 else tried[0]
     assert (got["hold_h"], got["immediate"]) == (first_best["hold_h"], first_best["immediate"])
     assert got["threshold"] == first_best["threshold"]
-    assert got["validation_x4"]["precursor_recall_at_budget"] == max(recall)
+    assert got["validation_x4"]["precursor_recall_at_budget"] == (
+        max(recall) if min_gain == 0.0 else recall[0])
     # what the meta says is what the figures at the operating point were judged with
     again = prior.metrics_of(prior.validation_scores(work, TINY_X4, model),
                              threshold=got["threshold"], **prior.operating_rule(got))

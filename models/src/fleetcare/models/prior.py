@@ -156,6 +156,10 @@ or PCIe replays that stops — scores high for an hour or two and drops; a precu
 What the ``[alerts] for`` setting does in the product."""
 IMMEDIATE = (None, 0.99, 0.98, 0.96, 0.93)
 """Risks that alarm at once, without the hold, tried with each hold (None: none does)."""
+HOLD_MIN_GAIN = 0.03
+"""Precursor recall a hold must add on the x4 validation fleets (over alarming on the risk
+itself) to be adopted: about ten of their ~330 precursor failures, beyond what one more or
+one fewer false drain moves. With event scores it added 0.012 (the README)."""
 
 
 NETWORK_TRAIN_FLEETS = (
@@ -720,8 +724,8 @@ def operating_threshold(workdir: str | Path, model: FailureModel, meta: dict[str
     rates (``meta["validation"]``) holds a quarter of the budget there, but not the budget
     where look-alikes are four times as common. The hold and the immediate risk
     (``HOLDS_H``, ``IMMEDIATE``; ``alarm_score``) are chosen there too: the pair whose own
-    lowest threshold within ``X4_BUDGET`` catches the most precursor failures. Returns the
-    meta keys to update."""
+    lowest threshold within ``X4_BUDGET`` catches the most precursor failures, if that is
+    ``HOLD_MIN_GAIN`` more than without a hold. Returns the meta keys to update."""
     val = validation_scores(workdir, fleets, model, events=events, horizon_h=horizon_h,
                             say=say)
     keep = ("threshold", "node_days", "n_failures", "false_drains", "false_drains_allowed",
@@ -738,8 +742,13 @@ def operating_threshold(workdir: str | Path, model: FailureModel, meta: dict[str
                     f"recall {m.get('precursor_recall_at_budget')} at threshold "
                     f"{m.get('threshold')}")
     # the best recall within the budget; a tie goes to the shorter hold, then to no
-    # immediate risk or the highest (the order tried)
-    rule, x4 = max(tried, key=lambda t: t[1].get("precursor_recall_at_budget") or 0.0)
+    # immediate risk or the highest (the order tried); a hold only for HOLD_MIN_GAIN
+    def recall(m: dict[str, Any]) -> float:
+        return float(m.get("precursor_recall_at_budget") or 0.0)
+
+    rule, x4 = max(tried, key=lambda t: recall(t[1]))
+    if recall(x4) < recall(tried[0][1]) + HOLD_MIN_GAIN:
+        rule, x4 = tried[0]
     x1_thr = meta["validation"].get("threshold")
     cands = [t for t in (x1_thr, x4.get("threshold")) if t is not None]
     threshold = max(cands) if cands else None
