@@ -10,6 +10,8 @@ precursor. Engine makers learn across every customer's engines; the prior learns
 ``OPERATING_BUDGET`` false drains there and ``X4_BUDGET`` on ``VALIDATION_X4_FLEETS`` (the
 same layouts with every rate x4, so four times the look-alikes; ``operating_threshold``),
 scored on the hour (``--events``: also after every urgent signal, as ``serve`` scores).
+The x4 fleets also decide whether a node alarms only once its risk has stayed at the
+threshold for a while (``HOLDS_H``, ``IMMEDIATE``, ``HOLD_MIN_GAIN``; ``alarm_score``).
 None of them is in ``bench/bench_fleet_pool.py``'s pool.
 
 The build fits twice: a first model on the fleets' rows with healthy rows sampled at
