@@ -73,6 +73,10 @@ def test_score_without_a_model_of_its_own_uses_the_fleet_prior(dbs: dict[str, Pa
     assert doc["origin"] == "prior" and doc["model_id"].startswith("prior-")
     text = run("score", "--db", str(dbs["healthy"]))
     assert f"scored with {doc['model_id']} (prior: fleet prior:" in text.stdout
+    # and which operating point its figures were measured at (issue 12: the hold)
+    listed = run("models", "list", "--db", str(dbs["healthy"]))
+    assert listed.returncode == 0, listed.stderr
+    assert "* its operating point: risk 0.740 held 1 h, or 0.93 at once" in listed.stdout
 
 
 @pytest.mark.parametrize("command", [

@@ -804,9 +804,9 @@ Shipped = Callable[[], tuple[bytes, dict[str, Any]]]
 
 def _shipped_metrics(meta: dict[str, Any]) -> dict[str, Any]:
     """What the registry (``fleetcare models list``, ``GET /v1/model``) says of the
-    shipped prior: its validation at the operating threshold, and of its network head
+    shipped prior: its validation at the operating threshold, its hold, and of its network head
     (when it has one) what it caught and cost on the network fleets it never saw."""
-    out = {**meta["validation"], "threshold": meta["threshold"]}
+    out = {**meta["validation"], "threshold": meta["threshold"], **operating_rule(meta)}
     head = meta.get("network_head")
     if head:
         out["network_head"] = {k: head[k] for k in ("train_positives", "threshold",

@@ -194,6 +194,13 @@ def _print_list(recs: list[Any]) -> None:
     cur = next((r for r in recs if r.is_current), None)
     if cur is not None and cur.current_reason:
         print(f"* scores because: {cur.current_reason}")
+    point = cur.metrics if cur is not None else {}
+    if point.get("hold_h") and point.get("threshold") is not None:
+        hold, at_once = f"{point['hold_h']:g}", point.get("immediate")
+        print(f"* its operating point: risk {point['threshold']:.3f} held {hold} h"
+              + (f", or {at_once:g} at once" if at_once is not None else "")
+              + f" (to alert as measured: [alerts] threshold = {point['threshold']:.3f}, "
+              f"for = \"{hold}h\")")
     head = (cur.metrics.get("network_head") or {}) if cur is not None else {}
     if head.get("threshold") is not None:
         v = head.get("validation") or {}
