@@ -65,6 +65,29 @@ def test_fires_after_n_minutes_of_consecutive_runs(db: Store) -> None:
     assert outbox(db) == [("am", "gpu01@20260301T120000Z", "firing")]
 
 
+def test_a_risk_at_the_immediate_threshold_fires_at_once(db: Store) -> None:
+    """The fleet prior's operating point (issue 12): a risk held at the threshold for
+    ``for``, or at once at ``immediate_threshold``."""
+    clock = Clock()
+    eng = engine(db, config([am()], immediate_threshold=0.9), clock)
+    assert run(db, eng, clock, 0, {"gpu01": 0.6, "gpu02": 0.1}) == []   # pending
+    events = run(db, eng, clock, 1, {"gpu01": 0.6, "gpu02": 0.95})     # gpu02 at once
+    assert [(e.status, e.node, e.started_at, e.fired_at) for e in events] == [
+        ("firing", "gpu02", T0 + minutes(1), T0 + minutes(1))]
+    events = run(db, eng, clock, 2, {"gpu01": 0.92, "gpu02": 0.95})    # gpu01 reaches it
+    assert [(e.status, e.node, e.started_at) for e in events] == [("firing", "gpu01", T0)]
+
+
+def test_the_immediate_threshold_is_not_below_the_threshold() -> None:
+    from fleetcare.collectors.config import ConfigError
+
+    with pytest.raises(ValueError, match="at least the threshold"):
+        Rule(threshold=0.5, immediate=0.4)
+    with pytest.raises(ConfigError, match="immediate_threshold"):
+        config(immediate_threshold=0.4)
+    assert config(env={"FLEETCARE_ALERTS_IMMEDIATE_THRESHOLD": "0.93"}).immediate_threshold == 0.93
+
+
 def test_a_dip_restarts_the_n_minutes(db: Store) -> None:
     clock = Clock()
     eng = engine(db, config([am()]), clock)

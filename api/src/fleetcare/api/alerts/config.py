@@ -4,6 +4,7 @@ from the environment.
     [alerts]
     threshold = 0.5            # fire when risk >= 0.5 ...
     for = "10m"                # ... in every scoring run for 10 minutes
+    immediate_threshold = 0.9  # ... or at once when risk >= 0.9 (optional; default never)
     resolve_threshold = 0.3    # resolve when risk < 0.3 ...
     resolve_for = "15m"        # ... for 15 minutes (hysteresis)
     repeat_interval = "4h"     # re-notify a still-firing alert (optional; default never)
@@ -115,6 +116,7 @@ class SinkConfig:
 class AlertsConfig:
     threshold: float = 0.5
     for_s: float = 600.0
+    immediate_threshold: float | None = None
     resolve_threshold: float = 0.3
     resolve_for_s: float = 900.0
     repeat_interval_s: float | None = None
@@ -133,6 +135,11 @@ class AlertsConfig:
                               f"must be between 0 and threshold ({self.threshold}), and "
                               "threshold at most 1: resolving above the firing threshold "
                               "would make alerts flap")
+        if self.immediate_threshold is not None and not (
+                self.threshold <= self.immediate_threshold <= 1.0):
+            raise ConfigError("[alerts] immediate_threshold", self.immediate_threshold,
+                              f"must be between threshold ({self.threshold}) and 1: it "
+                              "fires an alert at once that threshold would fire after `for`")
         names = [s.name for s in self.sinks]
         dup = {n for n in names if names.count(n) > 1}
         if dup:
@@ -166,7 +173,8 @@ def env_name(sink: str) -> str:
     return ENV_PREFIX + re.sub(r"[^A-Z0-9]", "_", sink.upper()) + "_"
 
 
-_TOP = {"threshold": "threshold", "for": "for_s", "resolve_threshold": "resolve_threshold",
+_TOP = {"threshold": "threshold", "for": "for_s", "immediate_threshold": "immediate_threshold",
+        "resolve_threshold": "resolve_threshold",
         "resolve_for": "resolve_for_s", "repeat_interval": "repeat_interval_s",
         "external_url": "external_url", "timeout": "timeout_s", "retry_base": "retry_base_s",
         "retry_cap": "retry_cap_s", "retry_jitter": "retry_jitter", "max_age": "max_age_s"}

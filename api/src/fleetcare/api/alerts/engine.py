@@ -78,7 +78,7 @@ class AlertEngine:
         self.store = store
         self.config = config
         self.rule = Rule(config.threshold, config.for_s, config.resolve_threshold,
-                         config.resolve_for_s)
+                         config.resolve_for_s, config.immediate_threshold)
         self.outbox = outbox
         self.sinks = dict(sinks) if sinks is not None else dict(outbox.sinks)
         self.node_labels = node_labels or (lambda node: {})

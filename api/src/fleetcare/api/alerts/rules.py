@@ -66,11 +66,16 @@ class Rule:
     for_s: float = 600.0
     resolve_threshold: float = 0.3
     resolve_for_s: float = 900.0
+    immediate: float | None = None
+    """A risk this high fires at once, without waiting ``for_s`` (None: none does)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.resolve_threshold <= self.threshold:
             raise ValueError(f"resolve_threshold {self.resolve_threshold} must be between 0 "
                              f"and threshold {self.threshold} (hysteresis)")
+        if self.immediate is not None and self.immediate < self.threshold:
+            raise ValueError(f"immediate threshold {self.immediate} must be at least the "
+                             f"threshold {self.threshold}")
         if self.for_s < 0 or self.resolve_for_s < 0:
             raise ValueError("for_s and resolve_for_s must be >= 0")
 
@@ -114,6 +119,7 @@ class Rule:
                        model_id=score.model_id or alert.model_id)
 
     def _maybe_fire(self, alert: Alert, ts: dt.datetime) -> tuple[Alert, Change]:
-        if (ts - alert.started_at).total_seconds() >= self.for_s:
+        if ((ts - alert.started_at).total_seconds() >= self.for_s
+                or (self.immediate is not None and alert.risk >= self.immediate)):
             return replace(alert, state="firing", fired_at=ts), "firing"
         return alert, "pending" if alert.updated_at == alert.started_at else "updated"

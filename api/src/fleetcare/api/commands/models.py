@@ -200,7 +200,8 @@ def _print_list(recs: list[Any]) -> None:
         print(f"* its operating point: risk {point['threshold']:.3f} held {hold} h"
               + (f", or {at_once:g} at once" if at_once is not None else "")
               + f" (to alert as measured: [alerts] threshold = {point['threshold']:.3f}, "
-              f"for = \"{hold}h\")")
+              f"for = \"{hold}h\""
+              + (f", immediate_threshold = {at_once:g}" if at_once is not None else "") + ")")
     head = (cur.metrics.get("network_head") or {}) if cur is not None else {}
     if head.get("threshold") is not None:
         v = head.get("validation") or {}
