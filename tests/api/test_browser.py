@@ -98,7 +98,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
 
 
 @pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
@@ -107,7 +107,10 @@ def browser() -> Iterator[Any]:
                 "--window-size=1400,1000", "--no-first-run", "--disable-extensions"):
         opts.add_argument(arg)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
+    # chromium's own temporary files (a singleton-socket folder per run, which it leaves
+    # behind) go under pytest's temporary directory, not the machine's /tmp
+    env = {**os.environ, "TMPDIR": str(tmp_path_factory.mktemp("chromium-tmp"))}
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER, env=env), options=opts)
     driver.set_page_load_timeout(60)
     try:
         yield driver
