@@ -242,16 +242,13 @@ def test_the_hold_is_chosen_on_the_x4_validation_fleets_for_the_best_recall(
 
 
 def test_alarm_score_is_the_risk_without_a_hold_and_waits_with_one():
-    from fleetcare.models.evaluation import NodeScores
-
     t0 = np.datetime64("2026-01-01T00:00", "us")
-    ts = t0 + np.arange(3) * np.timedelta64(1, "h")
-    s = NodeScores(ts, np.array(["n"] * 3, dtype=object), np.array([0.9, 0.9, 0.2]),
-                   np.zeros(3, bool), np.ones(3, bool))
-    assert prior.alarm_score(s).tolist() == [0.9, 0.9, 0.2]
+    s = (t0 + np.arange(3) * np.timedelta64(1, "h"), np.array(["n"] * 3, dtype=object),
+         np.array([0.9, 0.9, 0.2]))
+    assert prior.alarm_score(*s).tolist() == [0.9, 0.9, 0.2]
     assert prior.operating_rule({}) == {"hold_h": 0.0, "immediate": None}
-    assert prior.alarm_score(s, 1.0).tolist() == [-1.0, 0.9, 0.2]
-    assert prior.alarm_score(s, 1.0, 0.85).tolist() == [0.9, 0.9, 0.2]
+    assert prior.alarm_score(*s, 1.0).tolist() == [-1.0, 0.9, 0.2]
+    assert prior.alarm_score(*s, 1.0, 0.85).tolist() == [0.9, 0.9, 0.2]
 
 
 def test_threshold_command_rewrites_only_the_meta(tiny, tmp_path, monkeypatch, capsys):

@@ -475,8 +475,7 @@ def _prior_metrics(s: NodeScores, shipped: tuple[Any, dict[str, Any], bytes], fa
     head_threshold = (meta.get("network_head") or {}).get("threshold")
     alarm = network_head.alarm_risk(s.risk, np.zeros(len(s.risk)) if p_net is None else p_net,
                                     threshold, head_threshold)
-    alarm = prior.alarm_score(NodeScores(s.ts, s.node, alarm, s.label, s.known),
-                              **prior.operating_rule(meta))
+    alarm = prior.alarm_score(s.ts, s.node, alarm, **prior.operating_rule(meta))
     fixed = M.evaluate_alarms(s.ts, s.node, alarm, failures, threshold, W, grace=grace)
     at = M.metrics_at(fixed, s.ts, s.node, s.risk, s.label, failures, cfg.window_h,
                       node_days, labeled=s.known, grace=grace)

@@ -508,14 +508,13 @@ def pooled(fleets: Sequence[FleetScores]) -> FleetScores:
                        np.concatenate([f.gpu_p for f in fleets]))
 
 
-def alarm_score(scores: Any, hold_h: float = 0.0, immediate: float | None = None
-                ) -> np.ndarray:
+def alarm_score(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, hold_h: float = 0.0,
+                immediate: float | None = None) -> np.ndarray:
     """What alarms are judged on: the node risk, or with a ``hold_h`` the risk held that
     long (``metrics.two_tier``; a risk of ``immediate`` or more alarms at once)."""
     if not hold_h:
-        return np.asarray(scores.risk, dtype=np.float64)
-    return M.two_tier(scores.ts, scores.node, scores.risk,
-                      np.timedelta64(int(round(hold_h * 3600)), "s"),
+        return np.asarray(risk, dtype=np.float64)
+    return M.two_tier(ts, node, risk, np.timedelta64(int(round(hold_h * 3600)), "s"),
                       np.inf if immediate is None else float(immediate))
 
 
@@ -535,7 +534,7 @@ def metrics_of(f: FleetScores, *, window_h: float = M.WINDOW_H, every_s: int = 3
     s = f.scores
     grace = np.timedelta64(every_s, "s")
     W = np.timedelta64(int(round(window_h * 3600)), "s")
-    alarm = alarm_score(s, hold_h, immediate)
+    alarm = alarm_score(s.ts, s.node, s.risk, hold_h, immediate)
     if threshold is None:
         res = M.choose_threshold(s.ts, s.node, alarm, f.failures, W, f.node_days, grace=grace,
                                  false_drain_budget=budget, max_candidates=max_candidates)
