@@ -161,7 +161,8 @@ IMMEDIATE = (None, 0.99, 0.98, 0.96, 0.93)
 HOLD_MIN_GAIN = 0.03
 """Precursor recall a hold must add on the x4 validation fleets (over alarming on the risk
 itself) to be adopted: about ten of their ~330 precursor failures, beyond what one more or
-one fewer false drain moves. With event scores it added 0.012 (the README)."""
+one fewer false drain moves. With event scores, on one of the two fleets it added 0.012,
+on both 0.039 (the README)."""
 
 
 NETWORK_TRAIN_FLEETS = (
