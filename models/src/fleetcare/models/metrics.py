@@ -98,17 +98,15 @@ def node_risk(ts: np.ndarray, node: np.ndarray, p_gpu: np.ndarray
     return g.ts, g.node, g.risk(p_gpu)
 
 
-HELD_TOLERANCE = np.timedelta64(120, "s")
-"""How much later than ``t - hold`` a node's first scoring in the window may come and
-still count as holding since then (scorings are not exactly on the hour)."""
-
-
-def held_risk(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, hold: np.timedelta64, *,
-              tolerance: np.timedelta64 = HELD_TOLERANCE) -> np.ndarray:
+def held_risk(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, hold: np.timedelta64
+              ) -> np.ndarray:
     """Per scoring, the risk its node has held for ``hold``: the lowest of the node's risks
-    at its scorings in ``[t - hold - tolerance, t]``, or -1 where the node's first scoring
-    in that window comes after ``t - hold + tolerance`` (not scored long enough to say).
-    A zero ``hold`` returns the risks. Rows in any order; the result is in theirs."""
+    at its scorings from its latest scoring at or before ``t - hold`` through ``t`` (all of
+    a ts's rows), or -1 where it has none that early (not scored long enough to say).
+    At a threshold ``x`` this is the alert rule's ``for`` (``Rule.for_s``): a node alarms
+    at the scoring where its risk has been at ``x`` or above at every scoring for at least
+    ``hold``, whatever minutes the scorings fall on. A zero ``hold`` returns the risks.
+    Rows in any order; the result is in theirs."""
     risk = np.asarray(risk, dtype=np.float64)
     n = len(risk)
     if hold <= np.timedelta64(0, "s") or n == 0:
@@ -118,18 +116,20 @@ def held_risk(ts: np.ndarray, node: np.ndarray, risk: np.ndarray, hold: np.timed
     order = np.lexsort((ts, code))
     t = (ts[order] - ts.min()).astype(np.int64)  # microseconds since the first scoring
     h = int(hold / np.timedelta64(1, "us"))
-    tol = int(tolerance / np.timedelta64(1, "us"))
-    span = int(t.max()) + h + tol + 1
-    key = code[order].astype(np.int64) * span + t  # each node's scorings, in time order
-    first = np.searchsorted(key, key - h - tol, side="left")  # its window's first scoring
-    last = np.searchsorted(key, key, side="right") - 1  # and last (one ts: all of them)
+    span = int(t.max()) + h + 1
+    c = code[order].astype(np.int64)
+    key = c * span + t  # each node's scorings, in time order
+    start = np.searchsorted(key, key - h, side="right") - 1  # its latest at or before t - h
+    held = (start >= 0) & (c[np.maximum(start, 0)] == c)
+    first = np.searchsorted(key, key[np.maximum(start, 0)], side="left")  # all of that ts
+    first = np.where(held, first, np.arange(n))
+    last = np.searchsorted(key, key, side="right") - 1  # and all of t's
     r = risk[order]
     low = r[last]
     reach = last - first
     for k in range(1, int(reach.max()) + 1):
         rows = np.flatnonzero(reach >= k)
         low[rows] = np.minimum(low[rows], r[last[rows] - k])
-    held = t[first] <= t - h + tol
     out = np.empty(n)
     out[order] = np.where(held, low, -1.0)
     return out
