@@ -313,16 +313,21 @@ def test_demo_once_json_contract(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_demo_serves_live_until_interrupted(tmp_path: Path) -> None:
-    """`fleetcare demo` (serving): live telemetry reaches the API; SIGINT stops it cleanly."""
+    """`fleetcare demo` (serving): live telemetry reaches the API; SIGINT stops it cleanly,
+    also when the demo inherited SIGINT ignored, as `fleetcare demo &` from a script does
+    (Python then never raises KeyboardInterrupt: the demo ran on after SIGINT, seen when
+    `make test` itself ran in the background). Four days of history: too few failures for
+    a model of its own, so the shipped prior scores (training has its own tests)."""
     port = _free_port()
     db = tmp_path / "live.duckdb"
     started = dt.datetime.now(dt.UTC).isoformat()[:19]
     proc = subprocess.Popen(
-        [*FLEETCARE, "demo", "--db", str(db), "--nodes", "24", "--days", "12", "--seed", "5",
+        [*FLEETCARE, "demo", "--db", str(db), "--nodes", "24", "--days", "4", "--seed", "5",
          "--failure-scale", "20", "--history-interval", "10m", "--port", str(port),
          "--speed", "600", "--score-every", "2s"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 240
         first = None
@@ -348,7 +353,7 @@ def test_demo_serves_live_until_interrupted(tmp_path: Path) -> None:
         try:
             out, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            # once seen in a full `make test` run and never alone: show where it hangs
+            # show where it hangs
             proc.send_signal(signal.SIGUSR1)  # the CLI dumps every thread's stack
             time.sleep(3)
             proc.kill()

@@ -257,7 +257,7 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
                 backend: SimBackend, hist_end: dt.datetime) -> int:
     from fleetcare.api.app import create_app
     from fleetcare.api.commands.common import print_top, top_risk
-    from fleetcare.api.server import start_server_thread
+    from fleetcare.api.server import start_server_thread, stop_on_signals
     from fleetcare.api.service import Service
 
     clock = ScaledClock(hist_end.timestamp(), speed=args.speed, wall=time.time)
@@ -286,10 +286,14 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
           f" (simulated time at {args.speed:g}x), drains decided in dry-run\n"
           f"[4/4] API and dashboard at http://{args.host}:{args.port}/  "
           f"(OpenAPI: /docs)   Ctrl-C stops", flush=True)
+    stop = threading.Event()
     try:
-        while thread.is_alive():
-            time.sleep(0.5)
-    except KeyboardInterrupt:
+        with stop_on_signals(stop):
+            while thread.is_alive() and not stop.wait(0.5):
+                pass
+        if stop.is_set():
+            print("\nstopping", flush=True)
+    except KeyboardInterrupt:  # a signal between the server's start and the handlers
         print("\nstopping", flush=True)
     finally:
         agent.stop()
