@@ -34,10 +34,13 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not kafka"
 
 # The ingest fuzz tests with fresh randomness and many more examples than `make test`'s
-# 10,000 (derandomized); FUZZ_EXAMPLES=1000000 make fuzz for a long run.
+# 10,000 (derandomized); FUZZ_EXAMPLES=1000000 make fuzz for a long run. The other
+# property tests (tests/property.py) run PROPERTY_SCALE times their `make test` count.
 FUZZ_EXAMPLES ?= 200000
+PROPERTY_SCALE ?= 10
 fuzz: install
 	FLEETCARE_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(BIN)/python -m pytest -q -p no:cacheprovider tests/pipeline/test_fuzz_ingest.py
+	FLEETCARE_PROPERTY_SCALE=$(PROPERTY_SCALE) $(BIN)/python -m pytest -q -p no:cacheprovider tests/pipeline/test_link_summary.py tests/pipeline/test_sample_screen.py tests/pipeline/test_wire_samples.py tests/pipeline/test_wire_columns.py tests/pipeline/test_validate.py
 
 lint: install
 	$(BIN)/ruff check collectors pipeline models api tests bench notebooks

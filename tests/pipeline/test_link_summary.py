@@ -17,6 +17,7 @@ from fleetcare.pipeline import schema
 from fleetcare.pipeline.link_summary import summarise
 from fleetcare.pipeline.store import records_to_arrow
 from tests.collectors.test_contract import sample
+from tests.property import DERANDOMIZE, examples
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 BIG = [2**63 - 1, 2**62, -(2**63), 2**58, -(2**62), 7, 0, -1]
@@ -69,7 +70,7 @@ def by_numpy(t: pa.Table) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]
             con.execute("SELECT * FROM k ORDER BY gpu_uuid").fetchall())
 
 
-@settings(max_examples=300, deadline=None, database=None, derandomize=True)
+@settings(max_examples=examples(120), deadline=None, database=None, derandomize=DERANDOMIZE)
 @given(st.lists(lists(), min_size=1, max_size=12), st.integers(1, 3))
 def test_the_numpy_summary_is_what_the_sql_gives(kinds: list[dict[str, Any]],
                                                  chunks: int) -> None:

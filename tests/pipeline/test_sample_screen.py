@@ -22,6 +22,7 @@ from fleetcare.pipeline.sample_screen import SampleScreen
 from fleetcare.pipeline.schema import NVLINK_LISTS, SAMPLE_SCHEMA
 from fleetcare.pipeline.store import records_to_arrow
 from fleetcare.pipeline.wire_columns import WireSample
+from tests.property import DERANDOMIZE, examples
 
 LIM = Limits()
 NOW = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
@@ -103,7 +104,8 @@ def poll(draw: st.DrawFn) -> tuple[list[GpuSample], list[str]]:
     return samples, nodes
 
 
-@settings(max_examples=3000, deadline=None, database=None, derandomize=True)
+@settings(max_examples=examples(1000), deadline=None, database=None,
+          derandomize=DERANDOMIZE)
 @given(poll())
 def test_every_sample_with_a_problem_is_a_suspect(case):
     samples, nodes = case
@@ -183,7 +185,8 @@ def as_wire(samples: list[GpuSample]) -> list[Any]:
     return out
 
 
-@settings(max_examples=1500, deadline=None, database=None, derandomize=True)
+@settings(max_examples=examples(600), deadline=None, database=None,
+          derandomize=DERANDOMIZE)
 @given(poll())
 def test_samples_with_their_lists_as_bytes_screen_as_the_decoded_ones(case):
     samples, nodes = case
@@ -212,7 +215,8 @@ def as_bytes(samples: list[GpuSample], keep: list[bool]) -> list[Any]:
     return out
 
 
-@settings(max_examples=1500, deadline=None, database=None, derandomize=True)
+@settings(max_examples=examples(600), deadline=None, database=None,
+          derandomize=DERANDOMIZE)
 @given(poll(), st.data())
 def test_samples_as_their_bytes_screen_as_the_decoded_ones(case, data):
     samples, nodes = case

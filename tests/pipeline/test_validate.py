@@ -26,6 +26,7 @@ from fleetcare.pipeline.store import Store
 from fleetcare.pipeline.validate import CODES, Limits, ValidationResult, Validator
 from tests.collectors.test_contract import sample
 from tests.pipeline.test_ingest import ListConsumer
+from tests.property import DERANDOMIZE, examples
 
 T0 = dt.datetime(2026, 3, 1, tzinfo=dt.UTC)
 NOW = (T0 + dt.timedelta(hours=1)).timestamp()
@@ -396,7 +397,7 @@ def _poll(draw: st.DrawFn) -> list[Record]:
 
 
 @pytest.mark.parametrize("cut", [True, False], ids=["cut", "opened-again"])
-@settings(max_examples=300, deadline=None, derandomize=True)
+@settings(max_examples=examples(300), deadline=None, derandomize=DERANDOMIZE)
 @given(records=_poll())
 def test_samples_msgspec_refuses_are_cut_as_the_strict_decoder_rejects_them(
         cut: bool, records: list[Record]) -> None:

@@ -25,6 +25,7 @@ from fleetcare.pipeline.wire_columns import (
     full_batch,
     link_columns,
 )
+from tests.property import DERANDOMIZE, examples
 
 NOW = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
 NODE = "node-007"
@@ -65,7 +66,8 @@ def link_lists(draw: st.DrawFn) -> list[GpuSample]:
     return out
 
 
-@settings(max_examples=600, deadline=None, database=None, derandomize=True)
+@settings(max_examples=examples(250), deadline=None, database=None,
+          derandomize=DERANDOMIZE)
 @given(link_lists())
 def test_the_columns_are_what_the_strict_decoder_and_arrow_give(samples):
     got = link_columns(columns(wire(samples)))

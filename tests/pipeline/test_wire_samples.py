@@ -22,11 +22,12 @@ from fleetcare.pipeline import wire_samples
 from fleetcare.pipeline.schema import SAMPLE_SCHEMA
 from fleetcare.pipeline.store import records_to_arrow
 from fleetcare.pipeline.wire_samples import FIELDS, KIND
+from tests.property import DERANDOMIZE, examples
 
 STRICT = msgspec.msgpack.Decoder(GpuSample)
 ENC = msgspec.msgpack.encode
 NOW = dt.datetime(2026, 3, 1, 12, tzinfo=dt.UTC)
-SETTINGS = dict(deadline=None, database=None, derandomize=True)
+SETTINGS = dict(deadline=None, database=None, derandomize=DERANDOMIZE)
 
 
 def full(i: int = 0, links: int = 18, **kw: Any) -> dict[str, Any]:
@@ -238,7 +239,7 @@ def test_every_field_with_every_kind_of_value(name):
     agree(raws)
 
 
-@settings(max_examples=3000, **SETTINGS)
+@settings(max_examples=examples(1200), **SETTINGS)
 @given(rfc3339())
 def test_timestamps_as_text_decode_as_msgspec_decodes_them(text):
     agree([map_bytes([(k, v if k != "ts" else text) for k, v in full(1).items()])])
@@ -251,13 +252,13 @@ def test_valid_text_timestamps_are_decoded_not_left():
     assert agree(raws) == len(texts)
 
 
-@settings(max_examples=1500, **SETTINGS)
+@settings(max_examples=examples(600), **SETTINGS)
 @given(st.lists(sample_bytes(), min_size=1, max_size=6))
 def test_a_decoded_sample_is_what_msgspec_decodes(raws):
     agree(raws)
 
 
-@settings(max_examples=400, **SETTINGS)
+@settings(max_examples=examples(400), **SETTINGS)
 @given(st.lists(sample_bytes(), min_size=1, max_size=3), st.data())
 def test_cut_or_mutated_bytes_never_decode_wrongly(raws, data):
     out = []
