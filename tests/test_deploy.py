@@ -980,3 +980,27 @@ def test_other_mistakes_are_caught(tmp_path: Path) -> None:
     unit = (DEPLOY / "systemd" / "fleetcare-serve.service").read_text()
     steps = comment_invocations("x", unit.replace("--scope admin", "--scop admin"))
     assert _caught([p for inv in steps for p in invocation_problems(inv)], "--scop;")
+
+
+def test_example_alerts_fire_at_the_shipped_operating_point() -> None:
+    """The example configs alert where the README's prediction figures are measured: the
+    shipped prior's threshold (to two places), held for its ``hold_h``, or at once at its
+    immediate risk; rebuilding the prior's meta (``prior threshold``) names what to edit."""
+    from fleetcare.models import prior
+
+    meta = prior.load()[1]
+    docs = load_manifests(manifest_texts())
+    texts = {**configmap_tomls(docs),
+             **{p.name: p.read_text() for p in sorted((DEPLOY / "systemd").glob("*.toml"))}}
+    checked = 0
+    for name, text in texts.items():
+        table = tomllib.loads(text).get("alerts")
+        if table is None:
+            continue
+        # as the service reads it (the sinks, whose secrets are not here, left out)
+        cfg = alerts_config.parse({k: v for k, v in table.items() if k != "sinks"}, env={})
+        checked += 1
+        assert abs(cfg.threshold - meta["threshold"]) < 0.005, name
+        assert cfg.for_s == meta["hold_h"] * 3600, name
+        assert cfg.immediate_threshold == meta["immediate"], name
+    assert checked >= 2
