@@ -17,6 +17,7 @@ BENCHES = [
     ["bench_bad_records.py", "--messages", "2000", "--fuzz-examples", "2000"],
     ["bench_fleet_scoring.py"],
     ["bench_repeats.py"],
+    ["bench_snapshot.py"],
     ["bench_agent.py", "--case", "sim", "--ticks", "100"],
     ["bench_agent.py", "--case", "nvml", "--ticks", "100"],
     ["bench_agent.py", "--case", "kafka", "--nodes", "64", "--kafka-ticks", "30"],

@@ -14,9 +14,11 @@ from fleetcare.models.model import FailureModel
 from fleetcare.models.scoring import (
     LATEST_RUNS,
     ScoreRetention,
+    ensure_schema,
     latest_gpu_scores,
     latest_node_scores,
     prune,
+    read_latest,
     score,
 )
 
@@ -131,21 +133,37 @@ def test_explain_floor_is_lowered_by_alert_and_drain_thresholds():
     assert explain_floor_for(0.5, 0.002) == 0.002
 
 
+def same_as_the_views(store) -> None:
+    """``read_latest`` (what the API's snapshot reads: the floor first, then the rows)
+    gives the views' rows, in their order."""
+    cur = store.cursor()
+    try:
+        got = read_latest(cur)
+    finally:
+        cur.close()
+    assert got.nodes.equals(latest_node_scores(store))
+    assert got.gpus.equals(latest_gpu_scores(store))
+
+
 def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(store):
     """Issue 11: one meaning of "latest" for every reader (a node missing from the last
     ``LATEST_RUNS`` runs has no latest score); pruning keeps recent runs and one per hour."""
     X, y = planted_rows(3000, seed=4)
     model = FailureModel(n_estimators=20).fit(X[:2000], y[:2000], X_cal=X[2000:], y_cal=y[2000:])
     registry.save(store, model, created_at=T0)
+    ensure_schema(store)
+    same_as_the_views(store)  # no score yet
     score(store, at=T0, features=_features(T0, [0.0, 0.0, 3.0, 0.0]))   # node-0, node-1
     for k in range(1, LATEST_RUNS):                                    # node-0 only
         t = T0 + dt.timedelta(minutes=k)
         score(store, at=t, features=_features(t, [0.0, 1.0]))
     assert sorted(latest_node_scores(store).column("node").to_pylist()) == ["node-0", "node-1"]
+    same_as_the_views(store)
     t = T0 + dt.timedelta(minutes=LATEST_RUNS)
     score(store, at=t, features=_features(t, [0.0, 1.0]))
     assert latest_node_scores(store).column("node").to_pylist() == ["node-0"]
     assert set(latest_gpu_scores(store).column("gpu_uuid").to_pylist()) == {"GPU-0", "GPU-1"}
+    same_as_the_views(store)
 
     # a day of runs every 10 minutes: prune keeps the last 5 runs and the first of each hour
     for k in range(1, 24 * 6):
@@ -163,5 +181,6 @@ def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(sto
     want = sorted(set(before[-5:]) | hourly)
     assert after == want and deleted > 0
     assert latest_node_scores(store).column("ts").to_pylist() == [newest]
+    same_as_the_views(store)
     with pytest.raises(ValueError, match="LATEST_RUNS"):
         ScoreRetention(keep_runs=1)

@@ -69,6 +69,20 @@ def _runs_floor(table: str) -> str:
             f"ORDER BY ts DESC LIMIT {LATEST_RUNS})")
 
 
+_LATEST_KEY = {"gpu_scores": ("gpu_uuid", "risk DESC, node, gpu_index"),
+               "node_scores": ("node", "risk DESC, node")}
+
+
+def _latest_sql(table: str, floor: str) -> str:
+    """Each GPU's (node's) newest row of ``table`` at or after ``floor`` (SQL: the
+    ``_runs_floor`` subquery in the views, a parameter in ``read_latest``), highest risk
+    first: the one meaning of *latest*."""
+    key, order = _LATEST_KEY[table]
+    return (f"SELECT * FROM {table} WHERE ts >= ({floor}) "
+            f"QUALIFY row_number() OVER (PARTITION BY {key} ORDER BY ts DESC) = 1 "
+            f"ORDER BY {order}")
+
+
 DDL = f"""
 CREATE TABLE IF NOT EXISTS gpu_scores (
   ts TIMESTAMP NOT NULL, node VARCHAR NOT NULL, gpu_uuid VARCHAR NOT NULL,
@@ -80,13 +94,9 @@ CREATE TABLE IF NOT EXISTS node_scores (
   reasons JSON NOT NULL, top_gpu_uuid VARCHAR, model_id VARCHAR NOT NULL
 );
 CREATE OR REPLACE VIEW latest_gpu_scores AS
-  SELECT * FROM gpu_scores WHERE ts >= ({_runs_floor("gpu_scores")})
-  QUALIFY row_number() OVER (PARTITION BY gpu_uuid ORDER BY ts DESC) = 1
-  ORDER BY risk DESC, node, gpu_index;
+  {_latest_sql("gpu_scores", _runs_floor("gpu_scores"))};
 CREATE OR REPLACE VIEW latest_node_scores AS
-  SELECT * FROM node_scores WHERE ts >= ({_runs_floor("node_scores")})
-  QUALIFY row_number() OVER (PARTITION BY node ORDER BY ts DESC) = 1
-  ORDER BY risk DESC, node;
+  {_latest_sql("node_scores", _runs_floor("node_scores"))};
 """
 
 GPU_SCHEMA = pa.schema([
@@ -431,8 +441,16 @@ def read_latest(cur: duckdb.DuckDBPyConnection) -> Latest:
     cur.execute("BEGIN TRANSACTION")
     try:
         version = scores_version(cur)
-        nodes = cur.sql("SELECT * FROM latest_node_scores").to_arrow_table()
-        gpus = cur.sql("SELECT * FROM latest_gpu_scores").to_arrow_table()
+        nodes, gpus = (_read_latest(cur, t) for t in ("node_scores", "gpu_scores"))
     finally:
         cur.execute("COMMIT")
     return Latest(version, nodes, gpus)
+
+
+def _read_latest(cur: duckdb.DuckDBPyConnection, table: str) -> pa.Table:
+    """The view's rows (``_latest_sql``), its floor read first and passed as a value: the
+    view's subquery floor is not used to skip the older runs' row groups, so the view
+    scanned every kept run (16,384 GPUs x ~60 runs: ~25 ms, half of a snapshot build,
+    against ~11 ms this way)."""
+    floor = cur.execute(_runs_floor(table)).fetchall()[0][0]
+    return cur.sql(_latest_sql(table, "$1"), params=[floor]).to_arrow_table()
