@@ -134,15 +134,19 @@ def test_explain_floor_is_lowered_by_alert_and_drain_thresholds():
 
 
 def same_as_the_views(store) -> None:
-    """``read_latest`` (what the API's snapshot reads: the floor first, then the rows)
-    gives the views' rows, in their order."""
+    """``read_latest`` (what the API's snapshot reads) and ``latest_*_scores`` (the
+    floor read first, then the rows) give the views' rows, in their order."""
     cur = store.cursor()
     try:
         got = read_latest(cur)
+        views = {t: cur.sql(f"SELECT * FROM latest_{t}_scores").to_arrow_table()
+                 for t in ("node", "gpu")}
     finally:
         cur.close()
-    assert got.nodes.equals(latest_node_scores(store))
-    assert got.gpus.equals(latest_gpu_scores(store))
+    assert got.nodes.equals(views["node"]) and got.gpus.equals(views["gpu"])
+    assert latest_node_scores(store).equals(views["node"])
+    assert latest_gpu_scores(store).equals(views["gpu"])
+    assert latest_gpu_scores(store, limit=1).equals(views["gpu"].slice(0, 1))
 
 
 def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(store):

@@ -401,17 +401,28 @@ def prune(store: Store, keep: ScoreRetention | None = None) -> int:
 
 
 def latest_gpu_scores(store: Store, *, limit: int | None = None) -> pa.Table:
-    """Each GPU's latest score (``LATEST_RUNS``), highest risk first (reasons as JSON)."""
-    ensure_schema(store)
-    sql = "SELECT * FROM latest_gpu_scores" + (f" LIMIT {int(limit)}" if limit else "")
-    return store.cursor().sql(sql).to_arrow_table()
+    """Each GPU's latest score (``LATEST_RUNS``), highest risk first (reasons as JSON):
+    the ``latest_gpu_scores`` view's rows, read as ``read_latest`` reads them."""
+    return _latest_table(store, "gpu_scores", limit)
 
 
 def latest_node_scores(store: Store, *, limit: int | None = None) -> pa.Table:
-    """Each node's latest score (``LATEST_RUNS``), highest risk first (reasons as JSON)."""
+    """Each node's latest score (``LATEST_RUNS``), highest risk first (reasons as JSON):
+    the ``latest_node_scores`` view's rows, read as ``read_latest`` reads them."""
+    return _latest_table(store, "node_scores", limit)
+
+
+def _latest_table(store: Store, table: str, limit: int | None) -> pa.Table:
     ensure_schema(store)
-    sql = "SELECT * FROM latest_node_scores" + (f" LIMIT {int(limit)}" if limit else "")
-    return store.cursor().sql(sql).to_arrow_table()
+    cur = store.cursor()
+    try:
+        cur.execute("BEGIN TRANSACTION")  # the floor and the rows of one moment
+        try:
+            return _read_latest(cur, table, limit)
+        finally:
+            cur.execute("COMMIT")
+    finally:
+        cur.close()
 
 
 def scores_version(cur: duckdb.DuckDBPyConnection) -> tuple[int, int, dt.datetime | None]:
@@ -447,10 +458,12 @@ def read_latest(cur: duckdb.DuckDBPyConnection) -> Latest:
     return Latest(version, nodes, gpus)
 
 
-def _read_latest(cur: duckdb.DuckDBPyConnection, table: str) -> pa.Table:
+def _read_latest(cur: duckdb.DuckDBPyConnection, table: str,
+                 limit: int | None = None) -> pa.Table:
     """The view's rows (``_latest_sql``), its floor read first and passed as a value: the
     view's subquery floor is not used to skip the older runs' row groups, so the view
     scanned every kept run (16,384 GPUs x ~60 runs: ~25 ms, half of a snapshot build,
     against ~11 ms this way)."""
     floor = cur.execute(_runs_floor(table)).fetchall()[0][0]
-    return cur.sql(_latest_sql(table, "$1"), params=[floor]).to_arrow_table()
+    sql = _latest_sql(table, "$1") + (f" LIMIT {int(limit)}" if limit else "")
+    return cur.sql(sql, params=[floor]).to_arrow_table()
