@@ -23,6 +23,8 @@ from collections.abc import Iterator, Sequence
 import uvicorn
 from fastapi import FastAPI
 
+from fleetcare.collectors.signals import on_signals
+
 
 def _server(app: FastAPI, host: str, port: int, log_level: str) -> uvicorn.Server:
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level,
@@ -64,12 +66,8 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
     if threading.current_thread() is not threading.main_thread():
         server.run()
         return
-    previous = {s: signal.signal(s, _stopped) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_signals(_stopped):
         server.run()
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 @contextlib.contextmanager
@@ -82,15 +80,8 @@ def stop_on_signals(stop: threading.Event, signals: Sequence[int] = (
     for one ran on after ``kill -INT`` (seen as a test that timed out in a background
     ``make test``). ``serve`` and uvicorn install theirs the same way."""
 
-    def handler(signum: int, frame: object) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, handler) for s in signals}
-    try:
+    with on_signals(lambda signum, frame: stop.set(), signals):
         yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _stopped(signum: int, frame: object) -> None:

@@ -35,6 +35,7 @@ from fleetcare.collectors.backend import BackendError, GpuBackend, Reading
 from fleetcare.collectors.config import ENV_PREFIX, ConfigError, describe, load
 from fleetcare.collectors.durations import parse_duration
 from fleetcare.collectors.redact import MaskingFormatter, mask_secrets
+from fleetcare.collectors.signals import on_signals
 from fleetcare.collectors.transport.factory import DEFAULT_SPOOL_DIR, bus_scheme, open_bus
 from fleetcare.collectors.transport.kafka import KafkaSecurityConfig
 from fleetcare.collectors.xid import DEFAULT_CATALOG, XidCatalog
@@ -446,15 +447,11 @@ def run(s: Settings, *, as_json: bool = False) -> int:
             log.info("agent.stopping signal=%s", signal.Signals(signum).name)
             agent.stop()
 
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         log.info("agent.started node=%s backends=%s bus=%s interval_s=%g duration_s=%s",
                  s.node, ",".join(s.backends), mask_secrets(cfg.bus), s.interval_s,
                  s.duration_s)
-        try:
+        with on_signals(on_signal):
             agent.run(duration_s=s.duration_s)  # flushes the bus on the way out
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
         summary = {"node": s.node, "backends": list(s.backends), **dict(agent.counters)}
         for attr in ("sent", "spooled", "replayed", "dropped", "pending"):
             if hasattr(bus, attr) and hasattr(bus, "spool"):

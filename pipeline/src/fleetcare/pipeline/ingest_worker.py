@@ -37,6 +37,7 @@ from typing import Any, Protocol
 
 from fleetcare.collectors.agent_metrics import Family, exposition
 from fleetcare.collectors.contract import Batch
+from fleetcare.collectors.signals import on_signals
 from fleetcare.collectors.transport import BusConsumer, Record, TransportError
 from fleetcare.collectors.transport.factory import bus_scheme
 from fleetcare.collectors.transport.kafka import KafkaConsumerSource, parse_url
@@ -309,9 +310,5 @@ def handle_signals(worker: IngestWorker,
         log.info("ingest.signal signal=%s: finishing the current batch", signal.Signals(signum).name)
         worker.stop("signal")
 
-    previous = {s: signal.signal(s, handler) for s in signals}
-    try:
+    with on_signals(handler, signals):
         yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
