@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import gc
-import json
 import multiprocessing as mp
 import random
 import resource
@@ -46,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 from _common import report
+from _score_runs import Scorer
 
 from fleetcare.api import auth, priority
 from fleetcare.api.app import create_app
@@ -157,51 +156,6 @@ def _ticks(sim: FleetSimulator, start: dt.datetime, n: int) -> list[dict[str, Co
     return out[:n]
 
 
-class Scorer:
-    """Scoring runs of production size for a fixed fleet, written as the scorer writes."""
-
-    def __init__(self, store: Store, model: str) -> None:
-        rows = store.con.execute("SELECT DISTINCT node, gpu_uuid, gpu_index FROM telemetry "
-                                 "ORDER BY node, gpu_index").fetchall()
-        self.store = store
-        self.node_col = np.array([r[0] for r in rows])
-        self.uuid_col = np.array([r[1] for r in rows])
-        self.index_col = np.array([r[2] for r in rows])
-        self.nodes = np.unique(self.node_col)
-        self.gpus = len(rows) // len(self.nodes)
-        assert self.gpus * len(self.nodes) == len(rows), "every node has as many GPUs"
-        self.model = model
-        self.rng = np.random.default_rng(1)
-
-    def run(self, ts: dt.datetime) -> None:
-        n_nodes, g = len(self.nodes), self.gpus
-        risk = self.rng.beta(0.3, 20.0, size=n_nodes * g)
-        order = np.argsort(-risk, kind="stable")
-        explained = set(order[:scoring.EXPLAIN_TOP].tolist())
-        sentences = ["uncorrectable ECC errors: 3 in 24 h (fleet median 0)",
-                     "row remap failures rising: 2 in 7 d",
-                     "XID 79 (fallen off the bus) once in 24 h"]
-        reasons = [json.dumps(sentences) if i in explained else "[]" for i in order]
-        gpu = pa.table({
-            "ts": pa.array([ts] * len(order), pa.timestamp("us")),
-            "node": self.node_col[order], "gpu_uuid": self.uuid_col[order],
-            "gpu_index": pa.array(self.index_col[order], pa.int64()),
-            "model": [self.model] * len(order), "risk": risk[order], "reasons": reasons,
-            "model_id": ["bench"] * len(order)}, schema=scoring.GPU_SCHEMA)
-        per_node = risk.reshape(n_nodes, g)
-        node_risk = 1.0 - np.prod(1.0 - per_node, axis=1)
-        top = per_node.argmax(axis=1)
-        node_order = np.lexsort((self.nodes, -node_risk))
-        node = pa.table({
-            "ts": pa.array([ts] * n_nodes, pa.timestamp("us")),
-            "node": self.nodes[node_order], "risk": node_risk[node_order],
-            "reasons": [json.dumps([f"GPU {top[i]}: {s}" for s in sentences])
-                        for i in node_order],
-            "top_gpu_uuid": [self.uuid_col[i * g + top[i]] for i in node_order],
-            "model_id": ["bench"] * n_nodes}, schema=scoring.NODE_SCHEMA)
-        scoring.write_run(self.store, ts, "bench", gpu, node)
-
-
 def _phase(base: str, token: str, nodes: list[str], rate: float, duration: float,
            workers: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
@@ -258,7 +212,7 @@ def main() -> None:
         nodes = sorted(r[0] for r in store.con.execute(
             "SELECT DISTINCT node FROM telemetry").fetchall())
         model = store.con.execute("SELECT any_value(model) FROM telemetry").fetchone()[0]
-        scorer = Scorer(store, model)
+        scorer = Scorer.of_store(store, model)
         first_run = hist_end - dt.timedelta(minutes=args.score_runs)
         for k in range(args.score_runs):  # a scoring history of the size prune keeps
             scorer.run(first_run + dt.timedelta(minutes=k + 1))

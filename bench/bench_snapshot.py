@@ -2,8 +2,8 @@
 (simulated scores).
 
 A DuckDB store holding ``--runs`` scoring runs of every GPU and node (what
-``scoring.prune`` keeps between hourly ones), written by ``scoring.write_run`` with
-reasons on the riskiest ``scoring.EXPLAIN_TOP`` GPUs as the scorer writes them. Timed,
+``scoring.prune`` keeps between hourly ones), written as the scorer writes them
+(``_score_runs.Scorer``, as ``bench_api_load.py`` writes its scoring history). Timed,
 median of ``--repeat``: ``scoring.read_latest`` (the read inside the rebuild), the same
 rows read through the ``latest_*`` views (the way it read them before: the comparison,
 same run), and ``latest_scores.build`` whole (read plus the Python rows the API serves),
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,47 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 from _common import report
+from _score_runs import Scorer
 
 from fleetcare.api import latest_scores
 from fleetcare.models import scoring
 from fleetcare.pipeline.store import Store
-
-SENTENCES = ["uncorrectable ECC errors: 3 in 24 h (fleet median 0)",
-             "row remap failures rising: 2 in 7 d", "XID 79 (fallen off the bus) once in 24 h"]
-
-
-def write_runs(store: Store, nodes: int, gpus: int, runs: int) -> None:
-    names = np.array([f"node-{i:05d}" for i in range(nodes)])
-    node_col = np.repeat(names, gpus)
-    uuids = np.array([f"GPU-{i:08d}" for i in range(nodes * gpus)])
-    index = np.tile(np.arange(gpus), nodes)
-    rng = np.random.default_rng(1)
-    t0 = dt.datetime(2026, 3, 1)
-    for k in range(runs):
-        ts = t0 + dt.timedelta(minutes=k)
-        risk = rng.beta(0.3, 20.0, size=nodes * gpus)
-        order = np.argsort(-risk, kind="stable")
-        explained = set(order[:scoring.EXPLAIN_TOP].tolist())
-        gpu = pa.table({
-            "ts": pa.array([ts] * len(order), pa.timestamp("us")), "node": node_col[order],
-            "gpu_uuid": uuids[order], "gpu_index": pa.array(index[order], pa.int64()),
-            "model": ["NVIDIA H100 80GB HBM3"] * len(order), "risk": risk[order],
-            "reasons": [json.dumps(SENTENCES) if i in explained else "[]" for i in order],
-            "model_id": ["bench"] * len(order)}, schema=scoring.GPU_SCHEMA)
-        per_node = risk.reshape(nodes, gpus)
-        node_risk = 1.0 - np.prod(1.0 - per_node, axis=1)
-        top = per_node.argmax(axis=1)
-        node_order = np.lexsort((names, -node_risk))
-        node = pa.table({
-            "ts": pa.array([ts] * nodes, pa.timestamp("us")), "node": names[node_order],
-            "risk": node_risk[node_order],
-            "reasons": [json.dumps([f"GPU {top[i]}: {s}" for s in SENTENCES])
-                        for i in node_order],
-            "top_gpu_uuid": [uuids[i * gpus + top[i]] for i in node_order],
-            "model_id": ["bench"] * nodes}, schema=scoring.NODE_SCHEMA)
-        scoring.write_run(store, ts, "bench", gpu, node)
 
 
 def median_of(fn: Callable[[], Any], repeat: int) -> dict[str, float]:
@@ -88,7 +52,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         store = Store(Path(tmp) / "scores.duckdb")
         scoring.ensure_schema(store)
-        write_runs(store, args.nodes, 8, args.runs)
+        scorer = Scorer.synthetic(store, "NVIDIA H100 80GB HBM3", args.nodes, 8)
+        t0 = dt.datetime(2026, 3, 1)
+        for k in range(args.runs):
+            scorer.run(t0 + dt.timedelta(minutes=k))
         cur = store.cursor()
 
         def views() -> None:
