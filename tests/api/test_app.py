@@ -442,28 +442,3 @@ def test_a_warmed_app_does_not_build_its_spec_on_the_first_request(store, monkey
     warm(warmed)
     assert len(built) == 2
     assert first_request(warmed) == 200 and len(built) == 2  # not again
-
-
-def test_stop_on_signals_sets_the_event_even_when_sigint_was_ignored() -> None:
-    """The demo waits on this: SIGINT (inherited ignored, as by `cmd &` from a script)
-    and SIGTERM set the event instead of being lost or ending the process; the handlers
-    that were there come back after."""
-    import os
-    import signal
-    import threading
-
-    from fleetcare.api.server import stop_on_signals
-
-    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            stop = threading.Event()
-            with stop_on_signals(stop):
-                os.kill(os.getpid(), sig)
-                assert stop.wait(5), signal.Signals(sig).name
-            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
-            assert signal.getsignal(signal.SIGTERM) is before[signal.SIGTERM]
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h)

@@ -257,8 +257,9 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
                 backend: SimBackend, hist_end: dt.datetime) -> int:
     from fleetcare.api.app import create_app
     from fleetcare.api.commands.common import print_top, top_risk
-    from fleetcare.api.server import start_server_thread, stop_on_signals
+    from fleetcare.api.server import start_server_thread
     from fleetcare.api.service import Service
+    from fleetcare.collectors.signals import on_signals
 
     clock = ScaledClock(hist_end.timestamp(), speed=args.speed, wall=time.time)
     # the agent ticks every simulated minute: at --speed 60, once a wall second
@@ -288,7 +289,9 @@ def _serve_live(args: argparse.Namespace, store: Store, bus: EmbeddedBus, bus_di
           f"(OpenAPI: /docs)   Ctrl-C stops", flush=True)
     stop = threading.Event()
     try:
-        with stop_on_signals(stop):
+        # SIGINT/SIGTERM set ``stop`` (installed even when SIGINT came ignored, as from
+        # `fleetcare demo &` in a script), so the demo shuts down in order below
+        with on_signals(lambda signum, frame: stop.set()):
             while thread.is_alive() and not stop.wait(0.5):
                 pass
         if stop.is_set():

@@ -12,13 +12,10 @@ Neither configures logging handlers (uvicorn's ``log_config`` is off): the CLI d
 
 from __future__ import annotations
 
-import contextlib
 import gc
-import signal
 import socket
 import threading
 import time
-from collections.abc import Iterator, Sequence
 
 import uvicorn
 from fastapi import FastAPI
@@ -68,20 +65,6 @@ def serve(app: FastAPI, host: str = "127.0.0.1", port: int = 8000, *,
         return
     with on_signals(_stopped):
         server.run()
-
-
-@contextlib.contextmanager
-def stop_on_signals(stop: threading.Event, signals: Sequence[int] = (
-        signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
-    """While inside (the main thread), SIGINT and SIGTERM set ``stop`` instead of raising
-    or ending the process, so the caller shuts down in order. The handlers are installed
-    whatever the process inherited: a command started with ``&`` from a script inherits
-    SIGINT *ignored*, and Python then never raises KeyboardInterrupt, so a demo waiting
-    for one ran on after ``kill -INT`` (seen as a test that timed out in a background
-    ``make test``). ``serve`` and uvicorn install theirs the same way."""
-
-    with on_signals(lambda signum, frame: stop.set(), signals):
-        yield
 
 
 def _stopped(signum: int, frame: object) -> None:
