@@ -28,7 +28,7 @@ test: install
 	sh deploy/slurm/start.sh
 	sh deploy/prometheus/install.sh
 	sh deploy/browser/install.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not kafka"
