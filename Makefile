@@ -23,12 +23,15 @@ demo: install
 # four slurmd on this host, Debian's packages) and a Prometheus server (Debian's
 # package; each test module runs its own instance on loopback), and a headless chromium
 # (Debian's, driven by Selenium through chromium-driver) for the dashboard's browser test.
+# Two workers (pytest-xdist), a test file each at a time; modules that share the broker
+# or the Slurm cluster take a lock on it (tests/conftest.py). TEST_WORKERS=0 runs in one.
+TEST_WORKERS ?= 2
 test: install
 	deploy/kafka/start.sh
 	sh deploy/slurm/start.sh
 	sh deploy/prometheus/install.sh
 	sh deploy/browser/install.sh
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: install
 	$(BIN)/python -m pytest -q -m "not slow and not kafka"

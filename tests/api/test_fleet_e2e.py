@@ -32,8 +32,8 @@ import pytest
 from fleetcare.collectors.contract import decode_batch
 from fleetcare.collectors.transport import TELEMETRY_TOPIC
 from fleetcare.collectors.transport.kafka import KafkaConsumerSource
-from tests.collectors.test_kafka_bus import URL, kafka_broker  # noqa: F401  (session fixture)
 from tests.pipeline.test_ingest_worker import committed, sigkill
+from tests.services import KAFKA_URL as URL
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]
 
@@ -92,7 +92,7 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(tmp_path: Path, kafka_broker: str):  # noqa: F811
+def fleet(tmp_path: Path, kafka_broker: str):
     f = Fleet(tmp_path)
     yield f
     f.stop_all()

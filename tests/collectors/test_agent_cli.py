@@ -20,7 +20,6 @@ from fleetcare.collectors import cli
 from fleetcare.collectors.backend import Reading
 from fleetcare.collectors.contract import XidEvent, batch_version, decode_batch
 from fleetcare.collectors.transport.embedded import EmbeddedConsumer
-from tests.collectors.test_kafka_bus import kafka_broker  # noqa: F401  (session fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = str(Path(sys.executable).with_name("fleetcare-agent"))
@@ -299,7 +298,7 @@ def test_signal_stops_flushes_and_exits_0(tmp_path, sig) -> None:
 
 @pytest.mark.kafka
 @pytest.mark.slow
-def test_contract_sim_three_nodes_45s_to_kafka(kafka_broker, tmp_path) -> None:  # noqa: F811
+def test_contract_sim_three_nodes_45s_to_kafka(kafka_broker, tmp_path) -> None:
     from fleetcare.collectors.transport.kafka import KafkaConsumerSource
 
     node = f"contract-{uuid.uuid4().hex[:8]}"

@@ -1,7 +1,7 @@
 """KafkaBus and KafkaConsumerSource against the real broker of deploy/kafka (KRaft, loopback).
 
-The session fixture runs ``deploy/kafka/start.sh`` itself (idempotent), so these tests
-also work alone: ``pytest -m kafka tests/collectors/test_kafka_bus.py``. Each test uses
+The session fixture ``kafka_broker`` (tests/conftest.py) runs ``deploy/kafka/start.sh``
+itself (idempotent), so these tests also work alone: ``pytest -m kafka tests/collectors/test_kafka_bus.py``. Each test uses
 its own topic prefix and consumer group, so runs never see each other's records.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 import socket
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -26,40 +25,27 @@ from fleetcare.collectors.contract import (
 )
 from fleetcare.collectors.transport import EVENTS_TOPIC, TELEMETRY_TOPIC
 from fleetcare.collectors.transport.kafka import FETCH_DEFAULTS, KafkaBus, KafkaConsumerSource
+from tests.services import KAFKA_URL, kafka_script
 
 pytestmark = pytest.mark.kafka
 
-ROOT = Path(__file__).resolve().parents[2]
-URL = "kafka://127.0.0.1:9092"
+URL = KAFKA_URL
 T0 = dt.datetime(2025, 1, 1, tzinfo=dt.UTC)
-
-
-def _script(name: str) -> None:
-    proc = subprocess.run([str(ROOT / "deploy" / "kafka" / name)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180)
-    if proc.returncode != 0:
-        pytest.fail(f"deploy/kafka/{name} failed (exit {proc.returncode}):\n{proc.stderr}")
 
 
 def _stop_this_broker() -> None:
     """stop.sh, then check the port is really closed: a broker this checkout did not
     start (another checkout's, left running) is not stopped by it, and the outage a
     test needs would silently not happen."""
-    _script("stop.sh")
+    kafka_script("stop.sh")
     try:
         socket.create_connection(("127.0.0.1", 9092), timeout=1.0).close()
     except OSError:
         return
-    _script("start.sh")  # leave this checkout as it was
+    kafka_script("start.sh")  # leave this checkout as it was
     pytest.fail("a Kafka broker this checkout did not start holds 127.0.0.1:9092 (no "
                 "var/kafka/kafka.pid here), so stop.sh cannot stop it: stop it from the "
                 "checkout that started it (`make kafka-stop` there) and run again")
-
-
-@pytest.fixture(scope="session")
-def kafka_broker() -> str:
-    _script("start.sh")
-    return URL
 
 
 @pytest.fixture
@@ -191,7 +177,7 @@ def test_broker_outage_spools_and_replays_in_order(bus: KafkaBus, prefix: str) -
         assert bus.spooled > 0
         assert bus.pending == len(bus.spool)
     finally:
-        _script("start.sh")
+        kafka_script("start.sh")
 
     for _ in range(10):
         send_round()  # new batches go behind the spool

@@ -1,7 +1,7 @@
 """``fleetcare ingest`` end to end: the embedded bus, and the real Kafka broker with the
 ingest process SIGKILLed at random points and restarted (every record exactly once).
 
-The Kafka tests reuse ``kafka_broker`` from tests/collectors/test_kafka_bus.py (it runs
+The Kafka tests use the session fixture ``kafka_broker`` (tests/conftest.py; it runs
 deploy/kafka/start.sh). Each test has its own topic prefix and consumer group.
 """
 
@@ -35,7 +35,6 @@ from fleetcare.collectors.transport.framing import encode_frame
 from fleetcare.pipeline import schema
 from fleetcare.pipeline.ingest_worker import IngestWorker
 from fleetcare.pipeline.store import Store
-from tests.collectors.test_kafka_bus import kafka_broker  # noqa: F401  (session fixture)
 
 ROOT = Path(__file__).resolve().parents[2]
 # Two days ago at 04:30 UTC: inside what ingest validation accepts, whatever today is.
@@ -351,7 +350,7 @@ def rng() -> random.Random:
 @pytest.mark.kafka
 @pytest.mark.slow
 def test_sigkill_five_times_every_record_exactly_once_in_duckdb(
-        kafka_broker: str, prefix: str, tmp_path: Path, rng: random.Random) -> None:  # noqa: F811
+        kafka_broker: str, prefix: str, tmp_path: Path, rng: random.Random) -> None:
     nodes, seqs = nodes_of(12), 150
     group = f"{prefix}ingest"
     db = tmp_path / "f.duckdb"
@@ -378,7 +377,7 @@ def test_sigkill_five_times_every_record_exactly_once_in_duckdb(
 
 @pytest.mark.kafka
 def test_sigterm_finishes_the_batch_commits_and_exits_0(
-        kafka_broker: str, prefix: str, tmp_path: Path) -> None:  # noqa: F811
+        kafka_broker: str, prefix: str, tmp_path: Path) -> None:
     nodes = nodes_of(4)
     group = f"{prefix}ingest"
     producer = Producer(kafka_broker, prefix, tmp_path / "spool", nodes, 40, seconds=0.5)

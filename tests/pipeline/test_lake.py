@@ -19,7 +19,6 @@ import pytest
 
 from fleetcare.pipeline import schema
 from fleetcare.pipeline.lake import SCHEMA_FILE, TABLES, LakeWriter, compact, open_lake
-from tests.collectors.test_kafka_bus import kafka_broker  # noqa: F401  (session fixture)
 from tests.pipeline.test_ingest_worker import (
     DATE,
     DAY,

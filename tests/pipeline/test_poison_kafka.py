@@ -19,7 +19,6 @@ import pytest
 from fleetcare.collectors.contract import encode_batch
 from fleetcare.collectors.transport import TELEMETRY_TOPIC
 from fleetcare.collectors.transport.kafka import KafkaBus
-from tests.collectors.test_kafka_bus import kafka_broker  # noqa: F401  (session fixture)
 from tests.pipeline.test_ingest_worker import GPUS, make_batch, run_ingest
 
 pytestmark = pytest.mark.kafka
@@ -55,7 +54,7 @@ EXPECTED_SAMPLES = GOOD * GPUS + GPUS - 1  # the 2**64-1 batch keeps its other s
 EXPECTED_CODES = ["invalid_key", "nesting_too_deep", "sentinel_value"]
 
 
-def test_fleetcare_ingest_on_kafka_lands_everything_around_poison(kafka_broker: str,  # noqa: F811
+def test_fleetcare_ingest_on_kafka_lands_everything_around_poison(kafka_broker: str,
                                                                  tmp_path: Path) -> None:
     prefix = f"test-{uuid.uuid4().hex[:10]}."
     _stream(kafka_broker, prefix, tmp_path / "spool")
@@ -71,7 +70,7 @@ def test_fleetcare_ingest_on_kafka_lands_everything_around_poison(kafka_broker: 
     assert run_ingest(*args, timeout=120)["records"] == 0  # committed past the poison
 
 
-def test_serve_bus_on_kafka_stores_or_quarantines_every_record(kafka_broker: str,  # noqa: F811
+def test_serve_bus_on_kafka_stores_or_quarantines_every_record(kafka_broker: str,
                                                                 tmp_path: Path) -> None:
     from fleetcare.api.service import Service
     from fleetcare.pipeline.ingest_worker import open_consumer
