@@ -39,10 +39,10 @@ def _shared_services(request: pytest.FixtureRequest,
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The broker of deploy/kafka, started if it is not running. Session fixtures are set
-    up before a module's lock is taken, so this takes the lock itself: a worker must not
-    start the broker while another's outage test has it stopped (it is released before
-    the module's own lock is taken)."""
+    """The broker of deploy/kafka, started if it is not running. A session fixture can be
+    set up before its module's lock is taken (when the module's first test asks for it),
+    so this takes the lock itself (or finds this process holding it): a worker must not
+    start the broker while another's outage test has it stopped."""
     with service_lock(lock_root(tmp_path_factory), "kafka"):
         kafka_script("start.sh")
     return KAFKA_URL

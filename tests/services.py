@@ -19,13 +19,28 @@ ROOT = Path(__file__).resolve().parents[1]
 KAFKA_URL = "kafka://127.0.0.1:9092"
 
 
+_HELD: dict[str, int] = {}
+"""Services whose lock this process holds, and how many times it took it: a module holds
+its lock when a session fixture (kafka_broker, first asked for by one of its tests) asks
+for it again, and a second ``flock`` on a new descriptor would wait for the first."""
+
+
 @contextlib.contextmanager
 def service_lock(folder: Path, service: str) -> Iterator[None]:
-    with open(folder / f"fleetcare-{service}.lock", "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    if _HELD.get(service):
+        _HELD[service] += 1
         try:
             yield
         finally:
+            _HELD[service] -= 1
+        return
+    with open(folder / f"fleetcare-{service}.lock", "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _HELD[service] = 1
+        try:
+            yield
+        finally:
+            _HELD[service] = 0
             fcntl.flock(f, fcntl.LOCK_UN)
 
 

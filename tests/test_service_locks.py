@@ -36,6 +36,25 @@ def test_a_held_service_lock_excludes_other_processes(tmp_path: Path) -> None:
     assert other_process_gets(tmp_path / "fleetcare-kafka.lock")
 
 
+def test_the_lock_is_taken_again_by_the_process_that_holds_it(tmp_path: Path) -> None:
+    """Was: a module holding the Kafka lock whose test first asked for the session
+    fixture kafka_broker (which takes it too) waited for itself, and `make test` hung."""
+    code = ("import sys; from pathlib import Path; from tests.services import service_lock\n"
+            "root = Path(sys.argv[1])\n"
+            "with service_lock(root, 'kafka'):\n"
+            "    with service_lock(root, 'kafka'):\n"
+            "        pass\n"
+            "    print('still held')\n")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True,
+                         text=True, timeout=30, cwd=Path(__file__).resolve().parents[1])
+    assert out.stdout == "still held\n", out.stderr
+    with service_lock(tmp_path, "kafka"):
+        with service_lock(tmp_path, "kafka"):
+            pass
+        assert not other_process_gets(tmp_path / "fleetcare-kafka.lock")  # still held
+    assert other_process_gets(tmp_path / "fleetcare-kafka.lock")
+
+
 def test_a_module_locks_the_services_its_tests_are_marked_with(
         request: pytest.FixtureRequest) -> None:
     class Item:
