@@ -982,25 +982,34 @@ def test_other_mistakes_are_caught(tmp_path: Path) -> None:
     assert _caught([p for inv in steps for p in invocation_problems(inv)], "--scop;")
 
 
-def test_example_alerts_fire_at_the_shipped_operating_point() -> None:
-    """The example configs alert where the README's prediction figures are measured: the
-    shipped prior's threshold (to two places), held for its ``hold_h``, or at once at its
-    immediate risk; rebuilding the prior's meta (``prior threshold``) names what to edit."""
+def test_example_alerts_fire_at_the_scoring_models_operating_point(tmp_path: Path) -> None:
+    """The example configs alert where the README's prediction figures are measured: at
+    the scoring model's operating point (``threshold = "model"``), which on a new
+    database is the shipped prior's threshold held for its ``hold_h``, or its immediate
+    risk at once."""
+    from fleetcare.api.alerts import AlertEngine
     from fleetcare.models import prior
+    from fleetcare.pipeline.store import Store
 
     meta = prior.load()[1]
     docs = load_manifests(manifest_texts())
     texts = {**configmap_tomls(docs),
              **{p.name: p.read_text() for p in sorted((DEPLOY / "systemd").glob("*.toml"))}}
     checked = 0
-    for name, text in texts.items():
-        table = tomllib.loads(text).get("alerts")
-        if table is None:
-            continue
-        # as the service reads it (the sinks, whose secrets are not here, left out)
-        cfg = alerts_config.parse({k: v for k, v in table.items() if k != "sinks"}, env={})
-        checked += 1
-        assert abs(cfg.threshold - meta["threshold"]) < 0.005, name
-        assert cfg.for_s == meta["hold_h"] * 3600, name
-        assert cfg.immediate_threshold == meta["immediate"], name
+    store = Store(tmp_path / "new.duckdb")
+    try:
+        prior.ensure_current(store)
+        for name, text in texts.items():
+            table = tomllib.loads(text).get("alerts")
+            if table is None:
+                continue
+            # as the service reads it (the sinks, whose secrets are not here, left out)
+            cfg = alerts_config.parse({k: v for k, v in table.items() if k != "sinks"}, env={})
+            checked += 1
+            assert cfg.from_model, name
+            rule = AlertEngine.from_config(store, cfg).current_rule()
+            assert (rule.threshold, rule.for_s, rule.immediate) == (
+                meta["threshold"], meta["hold_h"] * 3600, meta["immediate"]), name
+    finally:
+        store.close()
     assert checked >= 2

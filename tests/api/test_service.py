@@ -61,9 +61,11 @@ def test_scoring_feeds_alerts_and_drains(tmp_path: Path) -> None:
         def __init__(self) -> None:
             self.calls: list[tuple[str, float]] = []
             self.outbox = self
-            self.config = self      # alerts: the firing threshold
             self.cost = self        # drains: the break-even risk
-            self.threshold = 0.5
+            self.threshold = 0.5    # alerts: the firing threshold (current_rule)
+
+        def current_rule(self) -> Recorder:
+            return self
 
         def break_even_risk(self) -> float:
             return 0.004

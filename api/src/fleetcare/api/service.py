@@ -157,7 +157,7 @@ class Service:
         threshold or the drains' break-even risk when lower: every node an alert or a
         drain names has its reasons."""
         return scoring.explain_floor_for(
-            self.alerts.config.threshold if self.alerts is not None else None,
+            self.alerts.current_rule().threshold if self.alerts is not None else None,
             self.drains.cost.break_even_risk() if self.drains is not None else None)
 
     def families(self) -> list[Family]:

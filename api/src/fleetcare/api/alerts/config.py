@@ -5,6 +5,10 @@ from the environment.
     threshold = 0.5            # fire when risk >= 0.5 ...
     for = "10m"                # ... in every scoring run for 10 minutes
     immediate_threshold = 0.9  # ... or at once when risk >= 0.9 (optional; default never)
+    # or: threshold = "model"  # the scoring model's own operating point, followed when
+    #                          # another model is promoted (its threshold, hold and
+    #                          # immediate risk; without `for` / `immediate_threshold`);
+    #                          # the default when none of those three keys is set
     resolve_threshold = 0.3    # resolve when risk < 0.3 ...
     resolve_for = "15m"        # ... for 15 minutes (hysteresis)
     repeat_interval = "4h"     # re-notify a still-firing alert (optional; default never)
@@ -55,6 +59,8 @@ KINDS = ("alertmanager", "alertmanager-api", "slack", "pagerduty", "hmac")
 EVENTS = ("firing", "resolved")
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 ENV_PREFIX = "FLEETCARE_ALERTS_"
+MODEL = "model"
+"""``[alerts] threshold = "model"``: alert at the scoring model's operating point."""
 ALERTMANAGER_API_REPEAT_S = 60.0
 """alertmanager-api sinks re-send a firing alert this often unless configured: Alertmanager
 resolves an alert it has not heard of for its resolve_timeout (5 min by default)."""
@@ -128,6 +134,11 @@ class AlertsConfig:
     retry_jitter: float = 0.1
     max_age_s: float = 86400.0
     sinks: tuple[SinkConfig, ...] = ()
+    from_model: bool = False
+    """``threshold = "model"`` (``parse``'s default when none of ``threshold``, ``for`` and
+    ``immediate_threshold`` is set): threshold, ``for`` and the immediate risk are the
+    scoring model's operating point (``engine.operating_point``), read again at every
+    evaluation; the values above apply only while no model names one."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.resolve_threshold <= self.threshold <= 1.0:
@@ -194,13 +205,14 @@ def _duration(key: str, raw: Any, *, zero_ok: bool) -> float:
         raise ConfigError(key, raw, str(exc)) from None
 
 
-def _float(key: str, raw: Any, lo: float, hi: float) -> float:
+def _float(key: str, raw: Any, lo: float, hi: float, also: str = "") -> float:
+    expected = f"expected a number between {lo} and {hi}" + (f", {also}" if also else "")
     try:
         value = float(raw)
     except (TypeError, ValueError):
-        raise ConfigError(key, raw, f"expected a number between {lo} and {hi}") from None
+        raise ConfigError(key, raw, expected) from None
     if not lo <= value <= hi:
-        raise ConfigError(key, raw, f"expected a number between {lo} and {hi}")
+        raise ConfigError(key, raw, expected)
     return value
 
 
@@ -213,6 +225,16 @@ def parse(table: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Ale
         var = ENV_PREFIX + key.upper()
         if var in env:
             raw_top[key] = env[var]
+    if not {"threshold", "for", "immediate_threshold"} & set(raw_top):
+        raw_top["threshold"] = MODEL  # nothing says when to fire: as the model measured
+    if str(raw_top.get("threshold", "")).strip().lower() == MODEL:
+        given = sorted(k for k in ("for", "immediate_threshold") if k in raw_top)
+        if given:
+            raise ConfigError(f"[alerts] {given[0]}", raw_top[given[0]],
+                              'comes from the model with threshold = "model"; remove it, '
+                              "or give threshold a number")
+        del raw_top["threshold"]
+        values["from_model"] = True
     for key, raw in raw_top.items():
         name = f"[alerts] {key}"
         if key not in _TOP:
@@ -224,8 +246,8 @@ def parse(table: Mapping[str, Any], env: Mapping[str, str] | None = None) -> Ale
             values[_TOP[key]] = _duration(name, raw, zero_ok=key in ("for", "resolve_for"))
         elif key == "external_url":
             values[_TOP[key]] = str(raw).rstrip("/")
-        elif key == "retry_jitter":
-            values[_TOP[key]] = _float(name, raw, 0.0, 1.0)
+        elif key == "threshold":
+            values[_TOP[key]] = _float(name, raw, 0.0, 1.0, also='or "model"')
         else:
             values[_TOP[key]] = _float(name, raw, 0.0, 1.0)
     sinks = table.get("sinks", [])

@@ -70,6 +70,19 @@ def ensure_schema(cur: Any) -> None:
     outbox_mod.ensure_schema(cur)
 
 
+def operating_point(metrics: Mapping[str, Any]) -> tuple[float, float, float | None] | None:
+    """(threshold, for_s, immediate) a model's registry metrics measured it at: the fleet
+    prior's threshold held ``hold_h`` or its ``immediate`` risk at once (``fleetcare
+    models list`` prints them), a fleet model's threshold within the budget on its own
+    held-out data at once; None when the metrics name no threshold."""
+    threshold = metrics.get("threshold")
+    if threshold is None:
+        return None
+    immediate = metrics.get("immediate")
+    return (float(threshold), float(metrics.get("hold_h") or 0.0) * 3600.0,
+            None if immediate is None else max(float(immediate), float(threshold)))
+
+
 class AlertEngine:
     def __init__(self, store: Store, config: AlertsConfig, *, outbox: Outbox,
                  sinks: Mapping[str, Sink] | None = None,
@@ -79,6 +92,8 @@ class AlertEngine:
         self.config = config
         self.rule = Rule(config.threshold, config.for_s, config.resolve_threshold,
                          config.resolve_for_s, config.immediate_threshold)
+        self.point_of: str | None = None
+        """With ``threshold = "model"``: the model whose operating point ``rule`` holds."""
         self.outbox = outbox
         self.sinks = dict(sinks) if sinks is not None else dict(outbox.sinks)
         self.node_labels = node_labels or (lambda node: {})
@@ -100,6 +115,28 @@ class AlertEngine:
         return cls(store, config, outbox=box, sinks=sinks, node_labels=node_labels,
                    clock=clock)
 
+    def current_rule(self) -> Rule:
+        """The rule in force: the configured one, or with ``threshold = "model"`` the
+        current model's operating point (``operating_point``), read again each time so a
+        promoted model's point applies from its first scoring run."""
+        if not self.config.from_model:
+            return self.rule
+        from fleetcare.models import registry
+
+        rec = registry.current(self.store)
+        point = operating_point(rec.metrics) if rec is not None else None
+        who = rec.model_id if point is not None and rec is not None else None
+        if who != self.point_of:
+            c = self.config
+            threshold, for_s, immediate = point or (c.threshold, c.for_s,
+                                                    c.immediate_threshold)
+            self.rule = Rule(threshold, for_s, min(c.resolve_threshold, threshold),
+                             c.resolve_for_s, immediate)
+            self.point_of = who
+            log.info("alerts.operating_point model=%s threshold=%.4f for_s=%g immediate=%s",
+                     who or "none (the configured fallback)", threshold, for_s, immediate)
+        return self.rule
+
     # -- the loop ---------------------------------------------------------------------------
     def evaluate(self, now: float | dt.datetime | None = None) -> list[AlertEvent]:
         """Process every scoring run not evaluated yet; returns the events enqueued."""
@@ -111,6 +148,7 @@ class AlertEngine:
                       .fetchall()}
             if "node_scores" not in tables:
                 return []
+            rule = self.current_rule()
             row = cur.execute("SELECT value FROM meta WHERE key = ?", [CURSOR_KEY]).fetchone()
             if row is not None:
                 runs = cur.execute("SELECT DISTINCT ts FROM node_scores WHERE ts > ? ORDER BY ts "
@@ -120,7 +158,7 @@ class AlertEngine:
                 runs = cur.execute(
                     "SELECT DISTINCT ts FROM node_scores WHERE ts >= (SELECT max(ts) FROM "
                     f"node_scores) - to_microseconds(CAST(? AS BIGINT)) ORDER BY ts "
-                    f"LIMIT {MAX_RUNS_PER_CALL}", [int(self.config.for_s * 1e6)]).fetchall()
+                    f"LIMIT {MAX_RUNS_PER_CALL}", [int(rule.for_s * 1e6)]).fetchall()
             open_alerts = self._open_alerts(cur)
             for (ts,) in runs:
                 with self.store.transaction() as tx:
@@ -141,7 +179,7 @@ class AlertEngine:
             "SELECT node, risk, reasons, top_gpu_uuid, model_id FROM node_scores "
             "WHERE ts = ? AND (risk >= ? OR list_contains(?::VARCHAR[], node)) "
             "ORDER BY node, model_id DESC",
-            [ts, self.config.threshold, list(open_alerts)]).fetchall()
+            [ts, self.rule.threshold, list(open_alerts)]).fetchall()
         scores: dict[str, Score] = {}
         for node, risk, reasons, gpu, model_id in rows:
             if node not in scores:      # one row per node even if two models scored this ts
@@ -186,7 +224,7 @@ class AlertEngine:
             event_id=f"{alert.id}:{status}:{ts:%Y%m%dT%H%M%SZ}", alert_id=alert.id,
             status=status,  # type: ignore[arg-type]
             node=alert.node, risk=alert.risk, peak_risk=alert.peak_risk,
-            threshold=self.config.threshold, started_at=alert.started_at,
+            threshold=self.rule.threshold, started_at=alert.started_at,
             fired_at=alert.fired_at, resolved_at=alert.resolved_at, reasons=alert.reasons,
             labels=dict(self.node_labels(alert.node)), top_gpu_uuid=alert.top_gpu_uuid,
             model_id=alert.model_id, external_url=self.config.external_url, repeat=repeat)

@@ -199,7 +199,9 @@ def _print_list(recs: list[Any]) -> None:
         hold, at_once = f"{point['hold_h']:g}", point.get("immediate")
         print(f"* its operating point: risk {point['threshold']:.3f} held {hold} h"
               + (f", or {at_once:g} at once" if at_once is not None else "")
-              + f" (to alert as measured: [alerts] threshold = {point['threshold']:.3f}, "
+              + " (alerts fire there unless [alerts] sets threshold, for or "
+              "immediate_threshold: threshold = \"model\" follows the scoring model; the "
+              f"same as a fixed rule: threshold = {point['threshold']:.3f}, "
               f"for = \"{hold}h\""
               + (f", immediate_threshold = {at_once:g}" if at_once is not None else "") + ")")
     head = (cur.metrics.get("network_head") or {}) if cur is not None else {}

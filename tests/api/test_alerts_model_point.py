@@ -1,0 +1,103 @@
+"""``[alerts] threshold = "model"``: alerts fire at the scoring model's own operating point
+(the shipped prior's threshold held for its hold, or its immediate risk at once; a fleet
+model's threshold at once), and follow a promotion from the next evaluation."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import pytest
+
+from fleetcare.api.alerts import AlertEngine
+from fleetcare.api.alerts.config import AlertsConfig, parse
+from fleetcare.api.alerts.engine import operating_point
+from fleetcare.collectors.config import ConfigError
+from fleetcare.models import prior, registry
+from fleetcare.models.model import FailureModel
+from fleetcare.pipeline.store import Store
+from tests.api import test_alerts_helpers as helpers
+from tests.api.test_alerts_helpers import T0, Clock, config, minutes, put_scores
+
+db = helpers.db  # fixture
+
+
+def model_config(env: dict[str, str] | None = None, **top: object) -> AlertsConfig:
+    return parse({"threshold": "model", "resolve_threshold": 0.3, "resolve_for": "3m",
+                  **top}, env or {})
+
+
+def evaluate(store: Store, eng: AlertEngine, clock: Clock, minute: float,
+             risks: dict[str, float]) -> None:
+    ts = T0 + minutes(minute)
+    put_scores(store, ts, risks)
+    eng.evaluate(clock.at(ts + minutes(0.1)))
+
+
+def fired(store: Store) -> dict[str, dt.datetime]:
+    """node -> when its alert fired (no sinks here: the alerts table is the record)."""
+    return dict(store.cursor().execute(
+        "SELECT node, fired_at FROM alerts WHERE fired_at IS NOT NULL").fetchall())
+
+
+def test_the_prior_s_point_holds_then_fires_or_fires_at_once(db: Store) -> None:
+    meta = prior.load()[1]
+    prior.ensure_current(db)
+    thr, hold_min, at_once = meta["threshold"], meta["hold_h"] * 60, meta["immediate"]
+    assert hold_min >= 20 and at_once is not None  # what this test steps through
+    clock = Clock()
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)
+    above, below = thr + (at_once - thr) / 2, thr - 0.01
+    step = hold_min / 4
+    for i in range(6):  # n1 held above the threshold; n2 just under it; n3 at once at i=2
+        evaluate(db, eng, clock, i * step, {"n1": above, "n2": below,
+                                            "n3": at_once if i == 2 else 0.01})
+    assert fired(db) == {"n3": T0 + minutes(2 * step), "n1": T0 + minutes(4 * step)}
+    # a fixed rule of the same config fires n1 and n2 after its own 5 minutes instead
+    fixed = AlertEngine.from_config(db, config(threshold=0.5), clock=clock).current_rule()
+    assert (fixed.threshold, fixed.for_s, fixed.immediate) == (0.5, 300.0, None)
+
+
+def test_a_promoted_fleet_model_s_point_applies_from_the_next_run(db: Store) -> None:
+    prior.ensure_current(db)
+    clock = Clock()
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)
+    evaluate(db, eng, clock, 0, {"n1": 0.6})
+    assert fired(db) == {}  # under the prior's threshold
+    model = FailureModel.from_bytes(prior.load()[0])
+    registry.save(db, model, metrics={"threshold": 0.55, "recall_at_budget": 0.5},
+                  model_id="fleet-test", make_current=True)
+    evaluate(db, eng, clock, 1, {"n1": 0.6})
+    assert fired(db) == {"n1": T0 + minutes(1)}  # at once
+    rule = eng.current_rule()
+    assert (rule.threshold, rule.for_s, rule.immediate) == (0.55, 0.0, None)
+    assert eng.point_of == "fleet-test"
+
+
+def test_without_a_model_point_the_configured_values_apply(db: Store) -> None:
+    clock = Clock()  # no model registered at all
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)
+    rule = eng.current_rule()
+    assert (rule.threshold, rule.for_s, eng.point_of) == (0.5, 600.0, None)
+
+
+def test_operating_point_of_registry_metrics() -> None:
+    assert operating_point({"threshold": 0.74, "hold_h": 1.0, "immediate": 0.93}) == (
+        0.74, 3600.0, 0.93)
+    assert operating_point({"threshold": 0.6}) == (0.6, 0.0, None)
+    assert operating_point({"pr_auc": 0.2}) is None
+
+
+def test_model_is_a_threshold_and_for_then_comes_from_it() -> None:
+    assert model_config().from_model
+    assert parse({}, {"FLEETCARE_ALERTS_THRESHOLD": "model"}).from_model
+    assert not config(threshold=0.7).from_model
+    # the default, when nothing says when to fire; a fixed rule once anything does
+    assert parse({}, {}).from_model and parse({"resolve_for": "5m"}, {}).from_model
+    assert not parse({"for": "20m"}, {}).from_model
+    assert not parse({}, {"FLEETCARE_ALERTS_IMMEDIATE_THRESHOLD": "0.9"}).from_model
+    with pytest.raises(ConfigError) as err:
+        parse({"threshold": "model", "for": "1h"}, {})
+    assert "[alerts] for" in str(err.value) and 'threshold = "model"' in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        config(threshold="modle")
+    assert 'or "model"' in str(err.value)
