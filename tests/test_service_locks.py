@@ -67,7 +67,6 @@ def test_a_module_locks_the_services_its_tests_are_marked_with(
     assert module_services([Item(), Item("slow", "kafka")]) == ["kafka"]  # type: ignore[list-item]
     assert module_services([Item("slurm"), Item("kafka")]) == ["kafka", "slurm"]  # type: ignore[list-item]
     assert module_services([Item("prometheus")]) == []  # type: ignore[list-item]
-    # and this suite's own modules are marked where they use the broker
     # (in a whole run) every test of this suite that uses the broker is marked so
     unmarked = [i.nodeid for i in request.session.items
                 if "kafka_broker" in getattr(i, "fixturenames", ())

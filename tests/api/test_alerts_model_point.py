@@ -71,6 +71,9 @@ def test_a_promoted_fleet_model_s_point_applies_from_the_next_run(db: Store) -> 
     rule = eng.current_rule()
     assert (rule.threshold, rule.for_s, rule.immediate) == (0.55, 0.0, None)
     assert eng.point_of == "fleet-test"
+    # the same model with its metrics rewritten (a refreshed prior meta, say): read again
+    registry.set_metrics(db, "fleet-test", {"threshold": 0.65})
+    assert eng.current_rule().threshold == 0.65 and eng.point_of == "fleet-test"
 
 
 def test_without_a_model_point_the_configured_values_apply(db: Store) -> None:

@@ -94,6 +94,7 @@ class AlertEngine:
                          config.resolve_for_s, config.immediate_threshold)
         self.point_of: str | None = None
         """With ``threshold = "model"``: the model whose operating point ``rule`` holds."""
+        self._point: tuple[str | None, Any] = (None, None)
         self.outbox = outbox
         self.sinks = dict(sinks) if sinks is not None else dict(outbox.sinks)
         self.node_labels = node_labels or (lambda node: {})
@@ -126,13 +127,13 @@ class AlertEngine:
         rec = registry.current(self.store)
         point = operating_point(rec.metrics) if rec is not None else None
         who = rec.model_id if point is not None and rec is not None else None
-        if who != self.point_of:
+        if (who, point) != self._point:  # another model, or its metrics rewritten
             c = self.config
             threshold, for_s, immediate = point or (c.threshold, c.for_s,
                                                     c.immediate_threshold)
             self.rule = Rule(threshold, for_s, min(c.resolve_threshold, threshold),
                              c.resolve_for_s, immediate)
-            self.point_of = who
+            self.point_of, self._point = who, (who, point)
             log.info("alerts.operating_point model=%s threshold=%.4f for_s=%g immediate=%s",
                      who or "none (the configured fallback)", threshold, for_s, immediate)
         return self.rule
@@ -148,7 +149,7 @@ class AlertEngine:
                       .fetchall()}
             if "node_scores" not in tables:
                 return []
-            rule = self.current_rule()
+            self.current_rule()
             row = cur.execute("SELECT value FROM meta WHERE key = ?", [CURSOR_KEY]).fetchone()
             if row is not None:
                 runs = cur.execute("SELECT DISTINCT ts FROM node_scores WHERE ts > ? ORDER BY ts "
@@ -158,7 +159,7 @@ class AlertEngine:
                 runs = cur.execute(
                     "SELECT DISTINCT ts FROM node_scores WHERE ts >= (SELECT max(ts) FROM "
                     f"node_scores) - to_microseconds(CAST(? AS BIGINT)) ORDER BY ts "
-                    f"LIMIT {MAX_RUNS_PER_CALL}", [int(rule.for_s * 1e6)]).fetchall()
+                    f"LIMIT {MAX_RUNS_PER_CALL}", [int(self.rule.for_s * 1e6)]).fetchall()
             open_alerts = self._open_alerts(cur)
             for (ts,) in runs:
                 with self.store.transaction() as tx:
