@@ -85,8 +85,10 @@ def test_without_a_model_point_the_configured_values_apply(db: Store) -> None:
 
 def test_operating_point_of_registry_metrics() -> None:
     assert operating_point({"threshold": 0.74, "hold_h": 1.0, "immediate": 0.93}) == (
-        0.74, 3600.0, 0.93)
-    assert operating_point({"threshold": 0.6}) == (0.6, 0.0, None)
+        0.74, 3600.0, 0.93, None)
+    assert operating_point({"threshold": 0.6}) == (0.6, 0.0, None, None)
+    assert operating_point({"threshold": 0.74, "network_head": {"threshold": 0.05}}) == (
+        0.74, 0.0, None, 0.05)
     assert operating_point({"pr_auc": 0.2}) is None
 
 
@@ -104,3 +106,55 @@ def test_model_is_a_threshold_and_for_then_comes_from_it() -> None:
     with pytest.raises(ConfigError) as err:
         config(threshold="modle")
     assert 'or "model"' in str(err.value)
+
+
+def put_network(store: Store, ts: dt.datetime, p_net: dict[str, float],
+                model_id: str = "m1") -> None:
+    """The network head's probabilities of one run, as ``scoring.score`` writes them."""
+    for node, p in p_net.items():
+        store.cursor().execute("INSERT INTO node_network_scores VALUES (?, ?, ?, ?)",
+                               [ts, node, p, model_id]).fetchall()
+
+
+def test_the_prior_s_network_head_alarms_at_its_own_threshold(db: Store) -> None:
+    """The prior's operating point is one threshold per head: a node whose network
+    probability reaches the head's threshold alarms (held as any other) though its
+    combined risk is far under the GPU side's; its alert keeps its own risk and says why;
+    it resolves once the probability falls back."""
+    meta = prior.load()[1]
+    net = meta["network_head"]["threshold"]
+    prior.ensure_current(db)
+    clock = Clock()
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)
+    assert eng.current_rule().network == pytest.approx(net)
+    step = meta["hold_h"] * 60 / 4
+    risk = net + 0.01  # the node's risk, the GPUs' and the network's combined
+    for i in range(6):  # n1 over the head's threshold; n2 just under it
+        ts = T0 + minutes(i * step)
+        put_scores(db, ts, {"n1": risk, "n2": risk, "n3": 0.01})
+        put_network(db, ts, {"n1": net * 1.1, "n2": net * 0.9})
+        eng.evaluate(clock.at(ts + minutes(0.1)))
+    assert fired(db) == {"n1": T0 + minutes(4 * step)}
+    row = eng.alerts(state="firing")[0]
+    assert row["risk"] == pytest.approx(risk)
+    assert row["reasons"][0].startswith(f"network risk {net * 1.1:.0%}: at or above")
+    assert row["reasons"][1] == "n1 reason"
+    for i in range(6, 12):  # the probability falls under the head's threshold
+        ts = T0 + minutes(i * step)
+        put_scores(db, ts, {"n1": risk})
+        put_network(db, ts, {"n1": net * 0.5})
+        eng.evaluate(clock.at(ts + minutes(0.1)))
+    assert [a["state"] for a in eng.alerts()] == ["resolved"]
+
+
+def test_a_model_without_a_head_threshold_alarms_on_the_risk_alone(db: Store) -> None:
+    prior.ensure_current(db)
+    model = FailureModel.from_bytes(prior.load()[0])
+    registry.save(db, model, metrics={"threshold": 0.55}, model_id="fleet-test",
+                  make_current=True)
+    clock = Clock()
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)
+    put_scores(db, T0, {"n1": 0.2})
+    put_network(db, T0, {"n1": 0.19})
+    eng.evaluate(clock.at(T0 + minutes(0.1)))
+    assert eng.current_rule().network is None and fired(db) == {}

@@ -325,6 +325,13 @@ def test_a_prior_with_a_head_scores_a_new_fleet_with_ports_for_network_failures(
             res.gpu_scores.column("node").to_numpy(zero_copy_only=False) == node)
         r_gpu = 1.0 - np.prod(1.0 - gpus.column("risk").to_numpy())
         assert rows[0]["risk"] == pytest.approx(1 - (1 - r_gpu) * (1 - p[0]), rel=1e-9)
+        # the head's own probability is kept beside, for its own threshold (alerts)
+        kept = dict(store.cursor().execute(
+            "SELECT node, p_net FROM node_network_scores WHERE ts = ? AND model_id = ?",
+            [res.ts.replace(tzinfo=None), rec.model_id]).fetchall())
+        assert kept == dict(zip(res.network_scores.column("node").to_pylist(),
+                                res.network_scores.column("p_net").to_pylist(), strict=True))
+        assert kept[node] == pytest.approx(p[0], rel=1e-9)
         checked += p[0] > 0
     assert checked >= 1
 

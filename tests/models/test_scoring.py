@@ -173,8 +173,11 @@ def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(sto
     for k in range(1, 24 * 6):
         t = T0 + dt.timedelta(hours=1, minutes=10 * k)
         score(store, at=t, features=_features(t, [0.0, 1.0]))
-    runs = lambda: [r[0] for r in store.cursor().execute(  # noqa: E731
-        "SELECT DISTINCT ts FROM node_scores ORDER BY ts").fetchall()]
+    runs = lambda table="node_scores": [r[0] for r in store.cursor().execute(  # noqa: E731
+        f"SELECT DISTINCT ts FROM {table} ORDER BY ts").fetchall()]
+    # as a model with a network head writes its probabilities beside each run
+    store.cursor().execute("INSERT INTO node_network_scores "
+                           "SELECT ts, node, risk, model_id FROM node_scores").fetchall()
     before = runs()
     deleted = prune(store, ScoreRetention(keep_runs=5, keep_hourly=dt.timedelta(hours=6)))
     after = runs()
@@ -184,6 +187,7 @@ def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(sto
               for h in {t.replace(minute=0) for t in window}}
     want = sorted(set(before[-5:]) | hourly)
     assert after == want and deleted > 0
+    assert runs("node_network_scores") == want
     assert latest_node_scores(store).column("ts").to_pylist() == [newest]
     same_as_the_views(store)
     with pytest.raises(ValueError, match="LATEST_RUNS"):

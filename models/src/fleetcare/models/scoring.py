@@ -6,6 +6,7 @@ Tables and views (created here, IF NOT EXISTS)::
                   model VARCHAR, risk DOUBLE, reasons JSON, model_id VARCHAR)
     node_scores  (ts TIMESTAMP, node VARCHAR, risk DOUBLE, reasons JSON,
                   top_gpu_uuid VARCHAR, model_id VARCHAR)
+    node_network_scores (ts TIMESTAMP, node VARCHAR, p_net DOUBLE, model_id VARCHAR)
     latest_gpu_scores / latest_node_scores   views: the latest score of each GPU / node
                                              (see below), highest risk first
 
@@ -16,6 +17,9 @@ probability of a failure within the model's horizon; a node's risk is
 A model with a network head (``network_head``) combines the node's probability of a
 cable/switch or NIC failure in the same way; where that outweighs the GPUs, the node's
 reasons say what its InfiniBand ports counted (``"network risk NN%: InfiniBand: ..."``).
+The head's own probability of each node it scored is kept beside (``node_network_scores``,
+same run): an operating point with a threshold of its own on it (the fleet prior's,
+``network_head.alarm_risk``) alarms on it, which the combined risk alone cannot show.
 ``reasons`` is a JSON list of sentences.
 
 Readers that keep the latest scores in memory (the API's ``/v1/risk`` and node pages)
@@ -44,7 +48,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import duckdb
 import numpy as np
@@ -93,6 +97,10 @@ CREATE TABLE IF NOT EXISTS node_scores (
   ts TIMESTAMP NOT NULL, node VARCHAR NOT NULL, risk DOUBLE NOT NULL,
   reasons JSON NOT NULL, top_gpu_uuid VARCHAR, model_id VARCHAR NOT NULL
 );
+CREATE TABLE IF NOT EXISTS node_network_scores (
+  ts TIMESTAMP NOT NULL, node VARCHAR NOT NULL, p_net DOUBLE NOT NULL,
+  model_id VARCHAR NOT NULL
+);
 CREATE OR REPLACE VIEW latest_gpu_scores AS
   {_latest_sql("gpu_scores", _runs_floor("gpu_scores"))};
 CREATE OR REPLACE VIEW latest_node_scores AS
@@ -108,6 +116,12 @@ NODE_SCHEMA = pa.schema([
     ("ts", pa.timestamp("us")), ("node", pa.string()), ("risk", pa.float64()),
     ("reasons", pa.string()), ("top_gpu_uuid", pa.string()), ("model_id", pa.string()),
 ])
+NETWORK_SCHEMA = pa.schema([
+    ("ts", pa.timestamp("us")), ("node", pa.string()), ("p_net", pa.float64()),
+    ("model_id", pa.string()),
+])
+TABLES = ("gpu_scores", "node_scores", "node_network_scores")
+"""The tables a scoring run writes (``write_run``) and ``prune`` prunes."""
 
 
 EXPLAIN_FLOOR = 0.01
@@ -145,6 +159,9 @@ class ScoreResult:
     model_id: str
     gpu_scores: pa.Table            # GPU_SCHEMA, highest risk first
     node_scores: pa.Table           # NODE_SCHEMA, highest risk first
+    network_scores: pa.Table = field(default_factory=NETWORK_SCHEMA.empty_table)
+    """NETWORK_SCHEMA: the network head's probability of each node it scored (none
+    without a head)."""
 
 
 _cache: dict[str, FailureModel] = {}
@@ -239,13 +256,15 @@ beyond, the whole fleet's rows in one query."""
 
 
 def _with_network(m: FailureModel, store: Store, ts: dt.datetime, nodes: list[str],
-                  node_risk: np.ndarray, floor: float) -> dict[int, list[str]]:
+                  node_risk: np.ndarray, floor: float
+                  ) -> tuple[dict[int, list[str]], dict[int, float]]:
     """Combine ``node_risk`` (in place) with the model's network head, when it has one
     (``network_head``); returns reasons for the nodes whose network risk outweighs
-    their GPUs' and whose risk reaches ``floor``."""
+    their GPUs' and whose risk reaches ``floor``, and the head's probability of each
+    node it scored (by position in ``nodes``)."""
     head = m.network_head_
     if head is None or not nodes:
-        return {}
+        return {}, {}
     from fleetcare.models import network_head
 
     t, p_net = network_head.predict_latest(
@@ -253,15 +272,17 @@ def _with_network(m: FailureModel, store: Store, ts: dt.datetime, nodes: list[st
     pos = {n: k for k, n in enumerate(nodes)}
     rows = t.to_pylist()
     out: dict[int, list[str]] = {}
+    probs: dict[int, float] = {}
     for row, p in zip(rows, p_net.tolist(), strict=True):
         k = pos.get(row["node"])
         if k is None:
             continue
+        probs[k] = float(p)
         gpu_risk = float(node_risk[k])
         node_risk[k] = float(network_head.combine(np.array([gpu_risk]), np.array([p]))[0])
         if p > gpu_risk and node_risk[k] >= floor:
             out[k] = network_head.reasons(row, p)
-    return out
+    return out, probs
 
 
 def score(store: Store, *, at: dt.datetime | None = None, model: str | None = None,
@@ -327,7 +348,7 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
     reasons = ["[]"] * n
     for i, r in texts.items():
         reasons[i] = json.dumps(r)
-    net_texts = _with_network(m, store, ts_naive, node_names.to_pylist(), node_risk,
+    net_texts, p_net = _with_network(m, store, ts_naive, node_names.to_pylist(), node_risk,
                               explain_floor)
 
     order_a = pa.array(order)
@@ -360,18 +381,27 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
         "top_gpu_uuid": uuid_col.take(pa.array(top_gpu)).take(node_order),
         "model_id": pa.repeat(pa.scalar(model, pa.string()), n_nodes),
     }, schema=NODE_SCHEMA)
-    write_run(store, ts_naive, model, gpu, node)
-    return ScoreResult(ts_naive.replace(tzinfo=dt.UTC), model, gpu, node)
+    net_nodes = sorted(p_net)
+    network = pa.table({
+        "ts": pa.repeat(pa.scalar(ts_naive, pa.timestamp("us")), len(net_nodes)),
+        "node": node_names.take(pa.array(net_nodes, pa.int64())),
+        "p_net": pa.array([p_net[k] for k in net_nodes], pa.float64()),
+        "model_id": pa.repeat(pa.scalar(model, pa.string()), len(net_nodes)),
+    }, schema=NETWORK_SCHEMA)
+    write_run(store, ts_naive, model, gpu, node, network)
+    return ScoreResult(ts_naive.replace(tzinfo=dt.UTC), model, gpu, node, network)
 
 
 def write_run(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table,
-              node: pa.Table) -> None:
-    """Write one scoring run (``GPU_SCHEMA`` / ``NODE_SCHEMA`` rows at ``ts``, naive UTC)
-    in one transaction, replacing that ts and model's rows; then the ``on_written``
-    callbacks."""
+              node: pa.Table, network: pa.Table | None = None) -> None:
+    """Write one scoring run (``GPU_SCHEMA`` / ``NODE_SCHEMA`` / ``NETWORK_SCHEMA`` rows
+    at ``ts``, naive UTC) in one transaction, replacing that ts and model's rows; then the
+    ``on_written`` callbacks."""
     ensure_schema(store)
+    if network is None:
+        network = NETWORK_SCHEMA.empty_table()
     with store.transaction() as cur:
-        for table, data in (("gpu_scores", gpu), ("node_scores", node)):
+        for table, data in zip(TABLES, (gpu, node, network), strict=True):
             cur.execute(f"DELETE FROM {table} WHERE ts = ? AND model_id = ?",
                         [ts, model_id]).fetchall()
             cur.register("incoming_scores", data)
@@ -387,7 +417,7 @@ def prune(store: Store, keep: ScoreRetention | None = None) -> int:
     ensure_schema(store)
     deleted = 0
     with store.transaction() as cur:
-        for table in ("gpu_scores", "node_scores"):
+        for table in TABLES:
             deleted += int(cur.execute(f"""
                 DELETE FROM {table} WHERE ts NOT IN (
                   SELECT ts FROM (SELECT DISTINCT ts FROM {table} ORDER BY ts DESC

@@ -36,7 +36,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 from fleetcare.api.alerts import outbox as outbox_mod
 from fleetcare.api.alerts import sinks as sinks_mod
@@ -70,17 +70,31 @@ def ensure_schema(cur: Any) -> None:
     outbox_mod.ensure_schema(cur)
 
 
-def operating_point(metrics: Mapping[str, Any]) -> tuple[float, float, float | None] | None:
-    """(threshold, for_s, immediate) a model's registry metrics measured it at: the fleet
-    prior's threshold held ``hold_h`` or its ``immediate`` risk at once (``fleetcare
-    models list`` prints them), a fleet model's threshold within the budget on its own
-    held-out data at once; None when the metrics name no threshold."""
+class Point(NamedTuple):
+    """A model's operating point as the alert rule takes it (``operating_point``)."""
+
+    threshold: float
+    for_s: float
+    immediate: float | None
+    network: float | None = None
+    """The network head's own threshold on its probability (None: one for both)."""
+
+
+def operating_point(metrics: Mapping[str, Any]) -> Point | None:
+    """The operating point a model's registry metrics measured it at: the fleet prior's
+    threshold held ``hold_h`` or its ``immediate`` risk at once, and its network head's
+    own threshold (``network_head.threshold``; ``fleetcare models list`` prints them), a
+    fleet model's threshold within the budget on its own held-out data at once; None when
+    the metrics name no threshold."""
     threshold = metrics.get("threshold")
     if threshold is None:
         return None
     immediate = metrics.get("immediate")
-    return (float(threshold), float(metrics.get("hold_h") or 0.0) * 3600.0,
-            None if immediate is None else max(float(immediate), float(threshold)))
+    head = metrics.get("network_head")
+    network = head.get("threshold") if isinstance(head, Mapping) else None
+    return Point(float(threshold), float(metrics.get("hold_h") or 0.0) * 3600.0,
+                 None if immediate is None else max(float(immediate), float(threshold)),
+                 None if network is None else float(network))
 
 
 class AlertEngine:
@@ -129,13 +143,14 @@ class AlertEngine:
         who = rec.model_id if point is not None and rec is not None else None
         if (who, point) != self._point:  # another model, or its metrics rewritten
             c = self.config
-            threshold, for_s, immediate = point or (c.threshold, c.for_s,
-                                                    c.immediate_threshold)
+            threshold, for_s, immediate, network = point or Point(
+                c.threshold, c.for_s, c.immediate_threshold)
             self.rule = Rule(threshold, for_s, min(c.resolve_threshold, threshold),
-                             c.resolve_for_s, immediate)
+                             c.resolve_for_s, immediate, network)
             self.point_of, self._point = who, (who, point)
-            log.info("alerts.operating_point model=%s threshold=%.4f for_s=%g immediate=%s",
-                     who or "none (the configured fallback)", threshold, for_s, immediate)
+            log.info("alerts.operating_point model=%s threshold=%.4f for_s=%g immediate=%s "
+                     "network=%s", who or "none (the configured fallback)", threshold, for_s,
+                     immediate, network)
         return self.rule
 
     # -- the loop ---------------------------------------------------------------------------
@@ -161,9 +176,10 @@ class AlertEngine:
                     f"node_scores) - to_microseconds(CAST(? AS BIGINT)) ORDER BY ts "
                     f"LIMIT {MAX_RUNS_PER_CALL}", [int(self.rule.for_s * 1e6)]).fetchall()
             open_alerts = self._open_alerts(cur)
+            network = "node_network_scores" in tables
             for (ts,) in runs:
                 with self.store.transaction() as tx:
-                    open_alerts, run_events = self._run(tx, ts, open_alerts, when)
+                    open_alerts, run_events = self._run(tx, ts, open_alerts, when, network)
                     tx.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                [CURSOR_KEY, ts.isoformat()]).fetchall()
                 events.extend(run_events)
@@ -174,17 +190,35 @@ class AlertEngine:
                            "WHERE state IN ('pending', 'firing')").fetchall()
         return {r[1]: _alert(r) for r in rows}
 
+    def _rows(self, tx: Any, ts: dt.datetime, open_nodes: list[str],
+              network: bool) -> list[tuple[Any, ...]]:
+        """The run's rows the rule needs: at or above the threshold (with the network
+        head's probability where the rule has a threshold on it), or of an open alert."""
+        rule = self.rule
+        if not network or rule.network is None:
+            return [(*r, None) for r in tx.execute(
+                "SELECT node, risk, reasons, top_gpu_uuid, model_id FROM node_scores "
+                "WHERE ts = ? AND (risk >= ? OR list_contains(?::VARCHAR[], node)) "
+                "ORDER BY node, model_id DESC",
+                [ts, rule.threshold, open_nodes]).fetchall()]
+        return tx.execute(
+            "SELECT s.node, s.risk, s.reasons, s.top_gpu_uuid, s.model_id, n.p_net "
+            "FROM node_scores s LEFT JOIN node_network_scores n "
+            "ON n.ts = s.ts AND n.node = s.node AND n.model_id = s.model_id "
+            "WHERE s.ts = ? AND (s.risk >= ? OR coalesce(n.p_net >= ?, false) "
+            "OR list_contains(?::VARCHAR[], s.node)) ORDER BY s.node, s.model_id DESC",
+            [ts, rule.threshold, rule.network, open_nodes]).fetchall()
+
     def _run(self, tx: Any, ts: dt.datetime, open_alerts: dict[str, Alert],
-             when: dt.datetime) -> tuple[dict[str, Alert], list[AlertEvent]]:
-        rows = tx.execute(
-            "SELECT node, risk, reasons, top_gpu_uuid, model_id FROM node_scores "
-            "WHERE ts = ? AND (risk >= ? OR list_contains(?::VARCHAR[], node)) "
-            "ORDER BY node, model_id DESC",
-            [ts, self.rule.threshold, list(open_alerts)]).fetchall()
+             when: dt.datetime, network: bool = False
+             ) -> tuple[dict[str, Alert], list[AlertEvent]]:
         scores: dict[str, Score] = {}
-        for node, risk, reasons, gpu, model_id in rows:
+        for node, risk, reasons, gpu, model_id, p_net in self._rows(
+                tx, ts, list(open_alerts), network):
             if node not in scores:      # one row per node even if two models scored this ts
-                scores[node] = Score(ts, node, float(risk), _reasons(reasons), gpu, model_id)
+                score = Score(ts, node, float(risk), _reasons(reasons), gpu, model_id,
+                              None if p_net is None else float(p_net))
+                scores[node] = self._with_network_reason(score)
         still_open: dict[str, Alert] = {}
         events: list[AlertEvent] = []
         for node in sorted(set(scores) | set(open_alerts)):
@@ -209,6 +243,17 @@ class AlertEngine:
                             alert.risk)
                 events += self._route_resolved(tx, alert, ts, when)
         return still_open, events
+
+    def _with_network_reason(self, score: Score) -> Score:
+        """A node the network head's own threshold raises says so first (its risk alone
+        is under the threshold it is alerted at)."""
+        if (not self.rule.lifted(score) or score.risk >= self.rule.threshold
+                or any(r.startswith("network risk") for r in score.reasons)):
+            return score
+        assert score.p_net is not None and self.rule.network is not None
+        first = (f"network risk {score.p_net:.0%}: at or above this model's alarm threshold "
+                 f"for network failures ({self.rule.network:.1%})")
+        return replace(score, reasons=(first, *score.reasons))
 
     def _save(self, tx: Any, alert: Alert, when: dt.datetime) -> None:
         alert = replace(alert, updated_at=when)

@@ -12,6 +12,12 @@ One alert per node at a time (deduplicated): its life is
 ``for_s = 300`` an alert fires in the sixth consecutive run at or above the threshold.
 A firing node missing from a run stays firing: a node that stopped reporting may be the
 node that crashed, so silence never resolves an alert.
+
+With ``network`` set (an operating point with a threshold of its own on the network
+head's probability, as the fleet prior's: ``network_head.alarm_risk``), a node whose
+``p_net`` reaches it counts as at the threshold (``level``): it pends, fires after
+``for_s`` and stays firing as a node at the threshold would; its alert keeps the node's
+own risk.
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ class Score:
     reasons: tuple[str, ...] = ()
     top_gpu_uuid: str | None = None
     model_id: str | None = None
+    p_net: float | None = None
+    """The network head's probability of a network failure of the node (None: the model
+    has no head, or the node reports no InfiniBand port)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,9 @@ class Rule:
     resolve_for_s: float = 900.0
     immediate: float | None = None
     """A risk this high fires at once, without waiting ``for_s`` (None: none does)."""
+    network: float | None = None
+    """A network probability this high counts as the threshold (None: only the risk
+    counts; ``level``)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.resolve_threshold <= self.threshold:
@@ -78,6 +90,18 @@ class Rule:
                              f"threshold {self.threshold}")
         if self.for_s < 0 or self.resolve_for_s < 0:
             raise ValueError("for_s and resolve_for_s must be >= 0")
+        if self.network is not None and not 0.0 < self.network <= 1.0:
+            raise ValueError(f"network threshold {self.network} must be in (0, 1]")
+
+    def lifted(self, score: Score) -> bool:
+        """Whether the node's network probability alone reaches ``network``."""
+        return (self.network is not None and score.p_net is not None
+                and score.p_net >= self.network)
+
+    def level(self, score: Score) -> float:
+        """What the rule compares with its thresholds: the node's risk, raised to the
+        threshold where its network probability reaches ``network``."""
+        return max(score.risk, self.threshold) if self.lifted(score) else score.risk
 
     def step(self, alert: Alert | None, score: Score | None,
              ts: dt.datetime) -> tuple[Alert | None, Change]:
@@ -86,7 +110,7 @@ class Rule:
         ``score`` is the node's row in that run, None when the node is missing from it.
         Returns the new alert (None: no open alert) and what changed."""
         if alert is None or alert.state == "resolved":
-            if score is None or score.risk < self.threshold:
+            if score is None or self.level(score) < self.threshold:
                 return None, "none"
             new = Alert(id=alert_id(score.node, ts), node=score.node, state="pending",
                         risk=score.risk, started_at=ts, reasons=score.reasons, updated_at=ts,
@@ -94,14 +118,14 @@ class Rule:
                         model_id=score.model_id)
             return self._maybe_fire(new, ts)
         if alert.state == "pending":
-            if score is None or score.risk < self.threshold:
+            if score is None or self.level(score) < self.threshold:
                 return None, "dropped"
             return self._maybe_fire(self._observe(alert, score, ts), ts)
         # firing
         if score is None:
             return alert, "none"
         seen = self._observe(alert, score, ts)
-        if score.risk >= self.resolve_threshold:
+        if self.level(score) >= self.resolve_threshold:
             return replace(seen, resolving_since=None), "updated"
         since = alert.resolving_since or ts
         seen = replace(seen, resolving_since=since)
@@ -111,7 +135,7 @@ class Rule:
 
     def _observe(self, alert: Alert, score: Score, ts: dt.datetime) -> Alert:
         # while firing, keep the reasons that made it fire unless risk is still high
-        keep_reasons = alert.state == "firing" and score.risk < self.threshold
+        keep_reasons = alert.state == "firing" and self.level(score) < self.threshold
         return replace(alert, risk=score.risk, updated_at=ts,
                        peak_risk=max(alert.peak_risk, score.risk),
                        reasons=alert.reasons if keep_reasons else score.reasons,
