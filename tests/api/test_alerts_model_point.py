@@ -5,6 +5,7 @@ model's threshold at once), and follow a promotion from the next evaluation."""
 from __future__ import annotations
 
 import datetime as dt
+from typing import Any
 
 import pytest
 
@@ -19,11 +20,12 @@ from tests.api import test_alerts_helpers as helpers
 from tests.api.test_alerts_helpers import T0, Clock, config, minutes, put_scores
 
 db = helpers.db  # fixture
+receivers = helpers.receivers  # fixture
 
 
 def model_config(env: dict[str, str] | None = None, **top: object) -> AlertsConfig:
     return parse({"threshold": "model", "resolve_threshold": 0.3, "resolve_for": "3m",
-                  **top}, env or {})
+                  "sinks": [], **top}, env or {})
 
 
 def evaluate(store: Store, eng: AlertEngine, clock: Clock, minute: float,
@@ -136,13 +138,13 @@ def test_the_prior_s_network_head_alarms_at_its_own_threshold(db: Store) -> None
         eng.evaluate(clock.at(ts + minutes(0.1)))
     assert fired(db) == {"n1": T0 + minutes(4 * step)}
     row = eng.alerts(state="firing")[0]
-    assert row["risk"] == pytest.approx(risk)
+    assert row["risk"] == pytest.approx(risk) and row["p_net"] == pytest.approx(net * 1.1)
     assert row["reasons"][0].startswith(f"network risk {net * 1.1:.0%}: at or above")
     assert row["reasons"][1] == "n1 reason"
-    for i in range(6, 12):  # the probability falls under the head's threshold
+    for i in range(6, 12):  # the probability falls under the head's (scaled) resolve level
         ts = T0 + minutes(i * step)
         put_scores(db, ts, {"n1": risk})
-        put_network(db, ts, {"n1": net * 0.5})
+        put_network(db, ts, {"n1": net * 0.2})
         eng.evaluate(clock.at(ts + minutes(0.1)))
     assert [a["state"] for a in eng.alerts()] == ["resolved"]
 
@@ -158,3 +160,92 @@ def test_a_model_without_a_head_threshold_alarms_on_the_risk_alone(db: Store) ->
     put_network(db, T0, {"n1": 0.19})
     eng.evaluate(clock.at(T0 + minutes(0.1)))
     assert eng.current_rule().network is None and fired(db) == {}
+
+
+def run_network(db: Store, eng: AlertEngine, clock: Clock, minute: float, risk: float,
+                p_net: float, node: str = "n1") -> None:
+    ts = T0 + minutes(minute)
+    put_scores(db, ts, {node: risk})
+    put_network(db, ts, {node: p_net})
+    eng.evaluate(clock.at(ts + minutes(0.1)))
+
+
+def test_a_probability_hovering_at_the_head_s_threshold_fires_once(db: Store) -> None:
+    """The network side has the risk side's hysteresis (scaled to the head's threshold):
+    a probability that dips just under its threshold keeps a firing alert, and only one
+    under the scaled resolve level resolves it (after ``resolve_for``)."""
+    meta = prior.load()[1]
+    net, thr = meta["network_head"]["threshold"], meta["threshold"]
+    prior.ensure_current(db)
+    clock = Clock()
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)  # resolve 0.3 for 3 min
+    hold = meta["hold_h"] * 60
+    for i, p in enumerate([1.02, 1.02, 1.02, 0.98, 1.02, 0.98, 0.98, 0.98, 1.02, 0.98]):
+        run_network(db, eng, clock, i * hold / 2, 0.06, net * p)
+    assert [(a["state"], a["fired_at"] is not None) for a in eng.alerts()] == [
+        ("firing", True)]
+    resolve_level = net * 0.3 / thr
+    for i in range(10, 14):  # under the scaled resolve level: resolves after 3 minutes
+        run_network(db, eng, clock, i * hold / 2, 0.06, resolve_level * 0.9)
+    assert [a["state"] for a in eng.alerts()] == ["resolved"]
+
+
+def test_two_models_at_one_ts_the_node_s_row_is_chosen_before_the_filter(db: Store) -> None:
+    """Two models scored the same ts (a promotion between runs): the node's row is the
+    later model id's, whatever the other model's network probability says."""
+    meta = prior.load()[1]
+    net = meta["network_head"]["threshold"]
+    prior.ensure_current(db)
+    clock = Clock()
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)
+    for i in range(6):
+        ts = T0 + minutes(i * 20)
+        put_scores(db, ts, {"n1": 0.06}, model_id="m1")
+        put_network(db, ts, {"n1": net * 2}, model_id="m1")
+        put_scores(db, ts, {"n1": 0.06}, model_id="m2")
+        put_network(db, ts, {"n1": net / 2}, model_id="m2")
+        eng.evaluate(clock.at(ts + minutes(0.1)))
+    assert fired(db) == {} and eng.alerts() == []
+
+
+def test_a_bad_network_threshold_in_the_registry_leaves_the_risk_rule(
+        db: Store, caplog: pytest.LogCaptureFixture) -> None:
+    assert operating_point({"threshold": 0.74, "network_head": {"threshold": 1.5}}) == (
+        0.74, 0.0, None, None)
+    assert "alerts.bad_network_threshold" in caplog.text
+    point = operating_point({"threshold": 0.74, "network_head": {"threshold": "x"}})
+    assert point is not None and point.network is None
+
+
+def test_sinks_say_the_network_alarmed_and_read_it_as_at_the_threshold(
+        db: Store, receivers: Any) -> None:
+    """The summary names the ports, the payloads carry ``p_net``; PagerDuty's severity and
+    a sink's ``min_risk`` read the alert as at the threshold, not at its small risk."""
+    meta = prior.load()[1]
+    net, thr = meta["network_head"]["threshold"], meta["threshold"]
+    prior.ensure_current(db)
+    pd, signed, strict = receivers(), receivers(), receivers()
+    cfg = model_config(env={"FLEETCARE_ALERTS_PAGER_ROUTING_KEY": "R" * 32,
+                            "FLEETCARE_ALERTS_SIGNED_SECRET": "s3cr3t",
+                            "FLEETCARE_ALERTS_STRICT_SECRET": "s3cr3t"},
+                       sinks=[{"name": "pager", "kind": "pagerduty", "url": pd.url("/pd")},
+                              {"name": "signed", "kind": "hmac", "url": signed.url("/h"),
+                               "min_risk": 0.7},
+                              {"name": "strict", "kind": "hmac", "url": strict.url("/s"),
+                               "min_risk": 0.9}])
+    clock = Clock()
+    eng = AlertEngine.from_config(db, cfg, clock=clock, rng=lambda: 0.5)
+    hold = meta["hold_h"] * 60
+    for i in range(3):
+        run_network(db, eng, clock, i * hold / 2, 0.06, net * 1.5)
+    eng.outbox.deliver_due(clock.at(T0 + minutes(hold + 1)))
+    assert fired(db) == {"n1": T0 + minutes(hold)}
+    payload = pd.got[0].json()["payload"]
+    assert payload["summary"].startswith(
+        f"n1: network failure risk {net * 1.5:.3f} from its InfiniBand ports (alarms at "
+        f"{net:.3f}; node failure risk 0.06)")
+    assert payload["severity"] == ("critical" if thr >= 0.8 else "error")
+    assert payload["custom_details"]["p_net"] == round(net * 1.5, 4)
+    alert = signed.got[0].json()["alert"]
+    assert (alert["risk"], alert["network_threshold"]) == (0.06, net)
+    assert strict.got == []

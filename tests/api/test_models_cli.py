@@ -131,7 +131,16 @@ def test_list_says_what_the_priors_network_head_does(tmp_path: Path) -> None:
     text = cli("models", "list", "--db", db)
     assert text.returncode == 0, text.stderr
     line = next(ln for ln in text.stdout.splitlines() if "network head" in ln)
-    assert f"P {head['threshold']:.4f}" in line
+    assert f"P {head['threshold']:.4f}" in line and 'threshold = "model" fire there' in line
+    from fleetcare.pipeline.store import Store
+
+    store = Store(db, read_only=True)
+    try:  # the CLI's scoring run kept the head's probability of every node with ports
+        nodes = store.cursor().execute(
+            "SELECT count(DISTINCT node) FROM node_network_scores").fetchall()[0][0]
+    finally:
+        store.close()
+    assert nodes == 4
     caught = sum(c for c, _ in head["validation"]["detected_by_mode"].values())
     assert f"{caught} of " in line
     doc = ok_json("models", "show", ok_json("models", "list", "--db", db)["current"], "--db", db)

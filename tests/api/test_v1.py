@@ -192,11 +192,11 @@ def test_alerts_reads_the_alerts_table(client, store):
     assert body == {"alerts": [
         {"id": "a2", "node": "n2", "state": "firing", "risk": 0.9,
          "started_at": "2026-03-01T14:00:00Z", "fired_at": None, "resolved_at": None,
-         "reasons": [], "top_gpu_uuid": None, "model_id": None},
+         "reasons": [], "top_gpu_uuid": None, "model_id": None, "p_net": None},
         {"id": "a1", "node": "n1", "state": "resolved", "risk": 0.8,
          "started_at": "2026-03-01T12:00:00Z", "fired_at": None,
          "resolved_at": "2026-03-01T13:00:00Z", "reasons": ["HBM"], "top_gpu_uuid": None,
-         "model_id": None},
+         "model_id": None, "p_net": None},
     ]}
     assert [a["id"] for a in client.get("/v1/alerts?state=firing").json()["alerts"]] == ["a2"]
     assert [a["id"] for a in client.get("/v1/alerts?node=n1").json()["alerts"]] == ["a1"]

@@ -178,6 +178,9 @@ def test_latest_means_newest_in_the_last_runs_and_prune_keeps_runs_and_hours(sto
     # as a model with a network head writes its probabilities beside each run
     store.cursor().execute("INSERT INTO node_network_scores "
                            "SELECT ts, node, risk, model_id FROM node_scores").fetchall()
+    # and a row of a run no longer kept (a model before the current one wrote it)
+    store.cursor().execute("INSERT INTO node_network_scores VALUES (?, 'node-0', 0.1, 'old')",
+                           [T0 - dt.timedelta(days=1)]).fetchall()
     before = runs()
     deleted = prune(store, ScoreRetention(keep_runs=5, keep_hourly=dt.timedelta(hours=6)))
     after = runs()

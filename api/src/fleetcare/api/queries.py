@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS node_labels (
 """
 
 ALERT_COLUMNS = ("id", "node", "state", "risk", "started_at", "fired_at", "resolved_at",
-                 "reasons", "top_gpu_uuid", "model_id")
+                 "reasons", "top_gpu_uuid", "model_id", "p_net")
 """The columns of the alerts engine's ``alerts`` table the API shows (a missing one
 reads as null)."""
 ALERTS_DDL = """
@@ -523,6 +523,7 @@ def alerts(cur: Cursor, tables: set[str], *, state: str | None = None,
             "started_at": iso_z(a["started_at"]), "fired_at": iso_z(a["fired_at"]),
             "resolved_at": iso_z(a["resolved_at"]),
             "top_gpu_uuid": a["top_gpu_uuid"], "model_id": a["model_id"],
+            "p_net": finite(a["p_net"]),
             "reasons": reasons(a["reasons"]) if isinstance(a["reasons"], str | None)
             else [str(r) for r in a["reasons"]],
         })

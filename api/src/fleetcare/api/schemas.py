@@ -433,6 +433,10 @@ class Alert(BaseModel):
     reasons: list[str]
     top_gpu_uuid: str | None
     model_id: str | None
+    p_net: float | None = Field(
+        None, description="The network head's probability of a network failure of the node "
+        "at the last evaluation, where the model's operating point alarms on it (the fleet "
+        "prior's); null otherwise.")
 
 
 class AlertList(BaseModel):

@@ -121,7 +121,7 @@ NETWORK_SCHEMA = pa.schema([
     ("model_id", pa.string()),
 ])
 TABLES = ("gpu_scores", "node_scores", "node_network_scores")
-"""The tables a scoring run writes (``write_run``) and ``prune`` prunes."""
+"""The tables a scoring run writes (``write_run``)."""
 
 
 EXPLAIN_FLOOR = 0.01
@@ -349,7 +349,7 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
     for i, r in texts.items():
         reasons[i] = json.dumps(r)
     net_texts, p_net = _with_network(m, store, ts_naive, node_names.to_pylist(), node_risk,
-                              explain_floor)
+                                     explain_floor)
 
     order_a = pa.array(order)
     uuid_col = feats.column("gpu_uuid").cast(pa.string())
@@ -412,12 +412,14 @@ def write_run(store: Store, ts: dt.datetime, model_id: str, gpu: pa.Table,
 
 def prune(store: Store, keep: ScoreRetention | None = None) -> int:
     """Delete score rows ``keep`` does not keep (see ``ScoreRetention``); returns rows
-    deleted from both tables."""
+    deleted from the three tables. The network head's rows go with the runs of
+    ``node_scores`` they were written beside (and all of them once no model writes
+    any)."""
     keep = keep or ScoreRetention()
     ensure_schema(store)
     deleted = 0
     with store.transaction() as cur:
-        for table in TABLES:
+        for table in ("gpu_scores", "node_scores"):
             deleted += int(cur.execute(f"""
                 DELETE FROM {table} WHERE ts NOT IN (
                   SELECT ts FROM (SELECT DISTINCT ts FROM {table} ORDER BY ts DESC
@@ -427,6 +429,9 @@ def prune(store: Store, keep: ScoreRetention | None = None) -> int:
                   WHERE ts >= (SELECT max(ts) FROM {table}) - to_microseconds(?)
                   GROUP BY date_trunc('hour', ts))""",
                 [int(keep.keep_hourly.total_seconds() * 1e6)]).fetchall()[0][0])
+        deleted += int(cur.execute(
+            "DELETE FROM node_network_scores WHERE ts NOT IN "
+            "(SELECT DISTINCT ts FROM node_scores)").fetchall()[0][0])
     return deleted
 
 

@@ -11,7 +11,8 @@ Table ``alerts`` (read by ``GET /v1/alerts``)::
     risk DOUBLE, started_at TIMESTAMP, fired_at TIMESTAMP, resolved_at TIMESTAMP,
     reasons VARCHAR  -- JSON list of sentences
     updated_at TIMESTAMP, resolving_since TIMESTAMP, peak_risk DOUBLE,
-    top_gpu_uuid VARCHAR, model_id VARCHAR
+    top_gpu_uuid VARCHAR, model_id VARCHAR,
+    p_net DOUBLE  -- the network head's probability (the latest run's), when read
 
 ``risk`` is the latest run's; ``updated_at`` is when the engine last wrote the row. At most one pending or
 firing row per node. The last evaluated run's ts is kept in ``meta`` (key
@@ -57,10 +58,11 @@ CREATE TABLE IF NOT EXISTS alerts (
   updated_at TIMESTAMP, resolving_since TIMESTAMP, peak_risk DOUBLE, top_gpu_uuid VARCHAR,
   model_id VARCHAR
 );
+ALTER TABLE alerts ADD COLUMN IF NOT EXISTS p_net DOUBLE;
 CREATE TABLE IF NOT EXISTS meta (key VARCHAR PRIMARY KEY, value VARCHAR);
 """
 _COLS = ("id", "node", "state", "risk", "started_at", "fired_at", "resolved_at", "reasons",
-         "updated_at", "resolving_since", "peak_risk", "top_gpu_uuid", "model_id")
+         "updated_at", "resolving_since", "peak_risk", "top_gpu_uuid", "model_id", "p_net")
 
 NodeLabels = Callable[[str], Mapping[str, str]]
 
@@ -92,6 +94,11 @@ def operating_point(metrics: Mapping[str, Any]) -> Point | None:
     immediate = metrics.get("immediate")
     head = metrics.get("network_head")
     network = head.get("threshold") if isinstance(head, Mapping) else None
+    if network is not None and not (isinstance(network, int | float)
+                                    and 0.0 < float(network) <= 1.0):
+        log.error("alerts.bad_network_threshold value=%r: the registry's network head "
+                  "threshold must be in (0, 1]; alerting on the risk alone", network)
+        network = None
     return Point(float(threshold), float(metrics.get("hold_h") or 0.0) * 3600.0,
                  None if immediate is None else max(float(immediate), float(threshold)),
                  None if network is None else float(network))
@@ -195,18 +202,23 @@ class AlertEngine:
         """The run's rows the rule needs: at or above the threshold (with the network
         head's probability where the rule has a threshold on it), or of an open alert."""
         rule = self.rule
+        # one row per node (two models may have scored this ts: the later id's), then
+        # the rule's filter
         if not network or rule.network is None:
             return [(*r, None) for r in tx.execute(
-                "SELECT node, risk, reasons, top_gpu_uuid, model_id FROM node_scores "
-                "WHERE ts = ? AND (risk >= ? OR list_contains(?::VARCHAR[], node)) "
-                "ORDER BY node, model_id DESC",
+                "SELECT * FROM (SELECT node, risk, reasons, top_gpu_uuid, model_id "
+                "FROM node_scores WHERE ts = ? QUALIFY row_number() OVER "
+                "(PARTITION BY node ORDER BY model_id DESC) = 1) "
+                "WHERE risk >= ? OR list_contains(?::VARCHAR[], node) ORDER BY node",
                 [ts, rule.threshold, open_nodes]).fetchall()]
         return tx.execute(
-            "SELECT s.node, s.risk, s.reasons, s.top_gpu_uuid, s.model_id, n.p_net "
-            "FROM node_scores s LEFT JOIN node_network_scores n "
+            "SELECT * FROM (SELECT s.node, s.risk, s.reasons, s.top_gpu_uuid, s.model_id, "
+            "n.p_net FROM node_scores s LEFT JOIN node_network_scores n "
             "ON n.ts = s.ts AND n.node = s.node AND n.model_id = s.model_id "
-            "WHERE s.ts = ? AND (s.risk >= ? OR coalesce(n.p_net >= ?, false) "
-            "OR list_contains(?::VARCHAR[], s.node)) ORDER BY s.node, s.model_id DESC",
+            "WHERE s.ts = ? QUALIFY row_number() OVER "
+            "(PARTITION BY s.node ORDER BY s.model_id DESC) = 1) "
+            "WHERE risk >= ? OR coalesce(p_net >= ?, false) "
+            "OR list_contains(?::VARCHAR[], node) ORDER BY node",
             [ts, rule.threshold, rule.network, open_nodes]).fetchall()
 
     def _run(self, tx: Any, ts: dt.datetime, open_alerts: dict[str, Alert],
@@ -215,7 +227,7 @@ class AlertEngine:
         scores: dict[str, Score] = {}
         for node, risk, reasons, gpu, model_id, p_net in self._rows(
                 tx, ts, list(open_alerts), network):
-            if node not in scores:      # one row per node even if two models scored this ts
+            if node not in scores:
                 score = Score(ts, node, float(risk), _reasons(reasons), gpu, model_id,
                               None if p_net is None else float(p_net))
                 scores[node] = self._with_network_reason(score)
@@ -273,7 +285,9 @@ class AlertEngine:
             threshold=self.rule.threshold, started_at=alert.started_at,
             fired_at=alert.fired_at, resolved_at=alert.resolved_at, reasons=alert.reasons,
             labels=dict(self.node_labels(alert.node)), top_gpu_uuid=alert.top_gpu_uuid,
-            model_id=alert.model_id, external_url=self.config.external_url, repeat=repeat)
+            model_id=alert.model_id, external_url=self.config.external_url, repeat=repeat,
+            p_net=alert.p_net, network_threshold=self.rule.network,
+            level=self.rule.level_of(alert.risk, alert.p_net))
 
     def _sent(self, tx: Any, alert_id: str) -> dict[str, dt.datetime]:
         """Sink name -> when this alert's firing event was last enqueued for it."""

@@ -16,8 +16,10 @@ node that crashed, so silence never resolves an alert.
 With ``network`` set (an operating point with a threshold of its own on the network
 head's probability, as the fleet prior's: ``network_head.alarm_risk``), a node whose
 ``p_net`` reaches it counts as at the threshold (``level``): it pends, fires after
-``for_s`` and stays firing as a node at the threshold would; its alert keeps the node's
-own risk.
+``for_s`` as a node at the threshold would; its alert keeps the node's own risk. The
+network side has the risk side's hysteresis: a firing node whose ``p_net`` stays at or
+above ``network * resolve_threshold / threshold`` counts as at ``resolve_threshold``, so
+a probability hovering at the threshold does not fire and resolve by turns.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ class Score:
     model_id: str | None = None
     p_net: float | None = None
     """The network head's probability of a network failure of the node (None: the model
-    has no head, or the node reports no InfiniBand port)."""
+    has no head, the node reports no InfiniBand port, or the rule has no ``network``
+    threshold, so the engine does not read it)."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,8 @@ class Alert:
     peak_risk: float = 0.0
     top_gpu_uuid: str | None = None
     model_id: str | None = None
+    p_net: float | None = None
+    """The latest run's network probability of the node (``Score.p_net``)."""
 
 
 def alert_id(node: str, started_at: dt.datetime) -> str:
@@ -98,10 +103,21 @@ class Rule:
         return (self.network is not None and score.p_net is not None
                 and score.p_net >= self.network)
 
+    def level_of(self, risk: float, p_net: float | None) -> float:
+        """What the rule compares with its thresholds: ``risk``, raised to the threshold
+        where ``p_net`` reaches ``network``, and to ``resolve_threshold`` where it reaches
+        the network side's resolve level (hysteresis)."""
+        if self.network is None or p_net is None:
+            return risk
+        if p_net >= self.network:
+            return max(risk, self.threshold)
+        ratio = self.resolve_threshold / self.threshold if self.threshold > 0 else 1.0
+        if p_net >= self.network * ratio:
+            return max(risk, self.resolve_threshold)
+        return risk
+
     def level(self, score: Score) -> float:
-        """What the rule compares with its thresholds: the node's risk, raised to the
-        threshold where its network probability reaches ``network``."""
-        return max(score.risk, self.threshold) if self.lifted(score) else score.risk
+        return self.level_of(score.risk, score.p_net)
 
     def step(self, alert: Alert | None, score: Score | None,
              ts: dt.datetime) -> tuple[Alert | None, Change]:
@@ -115,7 +131,7 @@ class Rule:
             new = Alert(id=alert_id(score.node, ts), node=score.node, state="pending",
                         risk=score.risk, started_at=ts, reasons=score.reasons, updated_at=ts,
                         peak_risk=score.risk, top_gpu_uuid=score.top_gpu_uuid,
-                        model_id=score.model_id)
+                        model_id=score.model_id, p_net=score.p_net)
             return self._maybe_fire(new, ts)
         if alert.state == "pending":
             if score is None or self.level(score) < self.threshold:
@@ -140,10 +156,11 @@ class Rule:
                        peak_risk=max(alert.peak_risk, score.risk),
                        reasons=alert.reasons if keep_reasons else score.reasons,
                        top_gpu_uuid=score.top_gpu_uuid or alert.top_gpu_uuid,
-                       model_id=score.model_id or alert.model_id)
+                       model_id=score.model_id or alert.model_id, p_net=score.p_net)
 
     def _maybe_fire(self, alert: Alert, ts: dt.datetime) -> tuple[Alert, Change]:
         if ((ts - alert.started_at).total_seconds() >= self.for_s
-                or (self.immediate is not None and alert.risk >= self.immediate)):
+                or (self.immediate is not None
+                    and self.level_of(alert.risk, alert.p_net) >= self.immediate)):
             return replace(alert, state="firing", fired_at=ts), "firing"
         return alert, "pending" if alert.updated_at == alert.started_at else "updated"

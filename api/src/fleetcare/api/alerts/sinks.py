@@ -62,6 +62,22 @@ class AlertEvent:
     model_id: str | None = None
     external_url: str = "http://127.0.0.1:8000"
     repeat: bool = False
+    p_net: float | None = None          # the network head's probability, when the rule reads it
+    network_threshold: float | None = None  # the rule's threshold on it (None: none)
+    level: float | None = None
+    """What the rule compared with its thresholds (``Rule.level_of``): ``risk``, or the
+    threshold for a node its network probability alarms on. Severity and a sink's
+    ``min_risk`` read it (None: ``risk``)."""
+
+    @property
+    def alarm_level(self) -> float:
+        return self.risk if self.level is None else self.level
+
+    @property
+    def by_network(self) -> bool:
+        """The network head's probability, not the risk, holds this alert."""
+        return (self.p_net is not None and self.network_threshold is not None
+                and self.alarm_level > self.risk)
 
     @property
     def node_url(self) -> str:
@@ -102,7 +118,20 @@ def _base_headers() -> dict[str, str]:
     return {"Content-Type": JSON, "User-Agent": USER_AGENT}
 
 
+def network_fields(event: AlertEvent) -> dict[str, float]:
+    """``p_net`` and ``network_threshold`` for a payload, when the rule read them (a model
+    whose operating point has a network threshold, a node with InfiniBand ports)."""
+    if event.p_net is None or event.network_threshold is None:
+        return {}
+    return {"p_net": round(event.p_net, 4), "network_threshold": event.network_threshold}
+
+
 def summary(event: AlertEvent) -> str:
+    if event.status == "firing" and event.by_network:
+        assert event.p_net is not None and event.network_threshold is not None
+        return (f"{event.node}: network failure risk {event.p_net:.3f} from its InfiniBand "
+                f"ports (alarms at {event.network_threshold:.3f}; node failure risk "
+                f"{event.risk:.2f}) since {rfc3339(event.started_at)}")
     if event.status == "firing":
         return (f"{event.node}: failure risk {event.risk:.2f} >= {event.threshold:.2f} "
                 f"since {rfc3339(event.started_at)}")
@@ -308,11 +337,12 @@ class PagerDutySink:
                                        "alert_id": event.alert_id,
                                        "started_at": rfc3339(event.started_at),
                                        "model_id": event.model_id,
-                                       "labels": dict(event.labels)}
+                                       "labels": dict(event.labels),
+                                       **network_fields(event)}
             body["payload"] = {
                 "summary": _cut(summary(event), 1024),
                 "source": event.node,
-                "severity": (severity_for(event.risk) if self.severity == "auto"
+                "severity": (severity_for(event.alarm_level) if self.severity == "auto"
                              else self.severity),
                 "timestamp": rfc3339(event.fired_at),
                 "component": event.top_gpu_uuid or event.node,
@@ -352,7 +382,7 @@ class HmacSink:
                                           if event.resolved_at else None),
                           "reasons": list(event.reasons), "labels": dict(event.labels),
                           "top_gpu_uuid": event.top_gpu_uuid, "model_id": event.model_id,
-                          "url": event.node_url}}
+                          "url": event.node_url, **network_fields(event)}}
         headers = {**_base_headers(), "X-Fleetcare-Event": f"alert.{event.status}",
                    "X-Fleetcare-Delivery": event.event_id}
         return self.url, headers, dumps(body)
@@ -392,7 +422,7 @@ def wants(cfg: SinkConfig, event: AlertEvent) -> bool:
     label globs (``node`` is always a label)."""
     if event.status not in cfg.events:
         return False
-    if event.status == "firing" and event.risk < cfg.min_risk:
+    if event.status == "firing" and event.alarm_level < cfg.min_risk:
         return False
     labels = {**event.labels, "node": event.node}
     return all(fnmatch.fnmatchcase(labels.get(k, ""), glob) for k, glob in cfg.match.items())

@@ -10,7 +10,7 @@ secrets are never printed.
 
 ``list --json``: ``{"alerts": [{"id", "node", "state", "risk", "started_at", "fired_at",
 "resolved_at", "reasons", "updated_at", "resolving_since", "peak_risk", "top_gpu_uuid",
-"model_id"}], "outbox": {"pending": N, "delivered": N, "dead": N}}``, newest first, times
+"model_id", "p_net"}], "outbox": {"pending": N, "delivered": N, "dead": N}}``, newest first, times
 RFC 3339 UTC.
 
 ``test-sink`` POSTs a made-up firing alert for node ``fleetcare-test`` to one sink now

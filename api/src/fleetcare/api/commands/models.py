@@ -213,7 +213,8 @@ def _print_list(recs: list[Any]) -> None:
               f"of a network failure within 72 h from the InfiniBand ports alone (on its "
               f"simulated validation fleet {caught} of {of} caught at "
               f"{_num(v.get('false_drains_per_1000_node_days'))} false drains / 1,000 "
-              "node-days)")
+              "node-days; alerts with threshold = \"model\" fire there too, a fixed rule "
+              "does not)")
     print("(recall = recall_at_budget on each model's own held-out data; the prior's on its "
           "simulated validation fleets)")
 
