@@ -52,6 +52,23 @@ def test_node_detail_and_page_show_ports_with_flaps(client, store, fleet) -> Non
     page = client.get("/nodes/n1").text
     assert "<h2>Network ports</h2>" in page and "mlx5_1/1" in page
     assert "link_downed" in page  # the saturated counter is named
+    assert 'id="network-risk"' not in page  # no model with a network head scored it
+
+
+def test_the_page_shows_the_network_heads_risk_and_where_it_alerts(
+        client, store, fleet) -> None:
+    """A model with a network head (the fleet prior) scored the node: its page says the
+    head's probability from the ports and the threshold its alerts fire at."""
+    fleet.node_score("n1", 0.09, ts=T0, model_id="prior-x")
+    fleet.model("prior-x", metrics={"threshold": 0.74, "network_head": {"threshold": 0.052}})
+    store.insert_nic_samples([nic(-10, symbol_error=900)])
+    for minutes, p in ((-60, 0.01), (0, 0.081)):  # the newest run's is shown
+        store.con.execute("INSERT INTO node_network_scores VALUES (?, 'n1', ?, 'prior-x')",
+                          [T0 + dt.timedelta(minutes=minutes), p]).fetchall()
+    page = client.get("/nodes/n1").text
+    line = page[page.index('id="network-risk"'):].split("</p>")[0]
+    assert "Network failure risk <b>8.1%</b> <b>(alerting level)</b> within 72 h" in line
+    assert "at or above 5.2% it alerts on its own" in line
 
 
 def test_a_node_without_ports_has_no_network_section(client, store, fleet) -> None:

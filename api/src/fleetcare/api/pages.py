@@ -65,15 +65,29 @@ def _charts(detail: dict[str, Any], history: dict[str, Any] | None,
     return f'<p class="muted">Hourly, {span}.</p>{"".join(out)}'
 
 
+def _network_risk_line(r: dict[str, Any] | None) -> str:
+    if r is None or r["p_net"] is None:
+        return ""
+    t = r["threshold"]
+    alarm = (f"; at or above {html.pct(t)} it alerts on its own"
+             if t is not None else "")
+    over = " <b>(alerting level)</b>" if t is not None and r["p_net"] >= t else ""
+    return (f'<p id="network-risk">Network failure risk <b>{html.pct(r["p_net"])}</b>{over} '
+            f"within 72 h from these ports (the model's network head, scored "
+            f"{html.when(r['ts'])}{alarm}).</p>")
+
+
 def node(detail: dict[str, Any], history: dict[str, Any] | None,
          wanted: dict[str, list[Signal]], *, xids: list[dict[str, Any]],
          incidents: list[dict[str, Any]], drain: dict[str, Any] | None,
          audit: list[dict[str, Any]], simulated: bool, version: str,
          signed_in: bool, offender: dict[str, Any] | None = None,
-         nics: list[dict[str, Any]] | None = None) -> str:
+         nics: list[dict[str, Any]] | None = None,
+         network_risk: dict[str, Any] | None = None) -> str:
     """The page of one node; ``offender``: its ``Offender.to_json()`` when it is one;
     ``nics``: its InfiniBand/RoCE ports (``queries.node_nics``; the section shows only
-    for a node that has some)."""
+    for a node that has some), ``network_risk`` the network head's probability of a
+    network failure from them (``queries.node_network_risk``)."""
     labels = ", ".join(f"{escape(k)}={escape(v)}" for k, v in detail["labels"].items())
     gpu_rows = [
         f"<tr><td class=\"num\">{escape(str(g['gpu_index']))}</td><td>{escape(g['gpu_uuid'])}"
@@ -97,7 +111,7 @@ def node(detail: dict[str, Any], history: dict[str, Any] | None,
         f"<td class=\"num\">{html.num(n['symbol_error_24h'])}</td>"
         f"<td>{escape(', '.join(n['saturated'])) or '-'}</td>"
         f"<td>{html.when(n['ts'])}</td></tr>" for n in nics or []]
-    nic_part = ("<h2>Network ports</h2>" + html.table(
+    nic_part = ("<h2>Network ports</h2>" + _network_risk_line(network_risk) + html.table(
         ["Port", "State", "Gb/s", "Flaps 24 h", "Symbol errors 24 h", "Saturated counters",
          "Sampled"], nic_rows, "") if nic_rows else "")
     if drain is None:

@@ -471,6 +471,27 @@ def node_nics(cur: Cursor, tables: set[str], node: str) -> list[dict[str, Any]]:
     return out
 
 
+def node_network_risk(cur: Cursor, tables: set[str], node: str) -> dict[str, Any] | None:
+    """The network head's newest probability for ``node`` (``node_network_scores``) and
+    the threshold its model alarms at (``metrics.network_head.threshold``; None: one
+    threshold for both heads); None when no model with a head scored the node."""
+    if "node_network_scores" not in tables:
+        return None
+    row = cur.execute("SELECT ts, p_net, model_id FROM node_network_scores WHERE node = ? "
+                      "ORDER BY ts DESC LIMIT 1", [node]).fetchone()
+    if row is None:
+        return None
+    ts, p_net, model_id = row
+    threshold = None
+    if "models" in tables:
+        got = cur.execute("SELECT metrics FROM models WHERE model_id = ?", [model_id]).fetchone()
+        metrics = parse_json(got[0], what="models.metrics") if got else None
+        head = metrics.get("network_head") if isinstance(metrics, dict) else None
+        threshold = finite(head.get("threshold")) if isinstance(head, dict) else None
+    return {"ts": iso_z(ts), "p_net": finite(p_net), "model_id": model_id,
+            "threshold": threshold}
+
+
 def gpu_detail(cur: Cursor, tables: set[str], gpu_uuid: str,
                raw: RawTelemetry | None = None) -> dict[str, Any] | None:
     """One GPU: its latest score and latest sample, and its node; None if unknown."""

@@ -145,6 +145,7 @@ def node_page(
         audit=page_data.drain_audit(cur, tables, node), simulated=simulated,
         version=ctx.version, signed_in=signed_in,
         nics=queries.node_nics(cur, tables, node) if ctx.has_nics(cur, tables) else [],
+        network_risk=queries.node_network_risk(cur, tables, node),
         offender=next((o.to_json() for o in ctx.repeat_offenders() if o.node == node), None)))
 
 
