@@ -101,3 +101,19 @@ def test_test_sink_failure_exits_1(tmp_path: Path, receivers: Any,
     assert "HTTP 500" in err and "secret-path" not in err
     assert main(["--config", cfg, "alerts", "test-sink", "nope"]) == 1
     assert "configured: ops" in capsys.readouterr().err
+
+
+def test_test_sink_with_the_model_s_point_shows_the_prior_s_threshold(
+        tmp_path: Path, receivers: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``threshold = "model"`` (the default) the made-up alert carries the shipped
+    prior's operating threshold, not the fallback numbers no model alerts at."""
+    from fleetcare.models import prior
+
+    recv = receivers()
+    path = tmp_path / "model.toml"
+    path.write_text(f'[alerts]\nthreshold = "model"\n\n[[alerts.sinks]]\nname = "ops"\n'
+                    f'kind = "hmac"\nurl = "{recv.url()}"\n')
+    monkeypatch.setenv("FLEETCARE_ALERTS_OPS_SECRET", "k3y")
+    assert main(["--config", str(path), "alerts", "test-sink", "ops", "--json"]) == 0
+    (got,) = recv.got
+    assert got.json()["alert"]["threshold"] == prior.load()[1]["threshold"]

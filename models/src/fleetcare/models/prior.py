@@ -802,7 +802,7 @@ REASON_PRIOR = ("fleet prior: this fleet has no model of its own that beat it on
 Shipped = Callable[[], tuple[bytes, dict[str, Any]]]
 
 
-def _shipped_metrics(meta: dict[str, Any]) -> dict[str, Any]:
+def shipped_metrics(meta: dict[str, Any]) -> dict[str, Any]:
     """What the registry (``fleetcare models list``, ``GET /v1/model``) says of the
     shipped prior: its validation at the operating threshold, its hold, and of its network head
     (when it has one) what it caught and cost on the network fleets it never saw."""
@@ -835,13 +835,13 @@ def install(store: Store, shipped: Shipped = load, *, replaces: str | None = Non
     except registry.ModelNotFoundError:
         model = FailureModel.from_bytes(blob)
         return registry.save(
-            store, model, metrics=_shipped_metrics(meta),
+            store, model, metrics=shipped_metrics(meta),
             created_at=dt.datetime(2026, 1, 1, tzinfo=dt.UTC), model_id=mid,
             origin="prior", make_current=True if replaces else None,
             current_reason=REASON_UPGRADED.format(old=replaces) if replaces else REASON_PRIOR)
     if replaces:
         rec = registry.promote(store, mid, reason=REASON_UPGRADED.format(old=replaces))
-    return _refreshed(store, rec, _shipped_metrics(meta))
+    return _refreshed(store, rec, shipped_metrics(meta))
 
 
 def _refreshed(store: Store, rec: registry.ModelRecord,
@@ -869,7 +869,7 @@ def ensure_current(store: Store, shipped: Shipped = load) -> registry.ModelRecor
         return rec
     try:
         blob, meta = shipped()
-        fresh = _shipped_metrics(meta)
+        fresh = shipped_metrics(meta)
     except FileNotFoundError:
         if rec is None:
             log.warning("prior.missing: the package holds no fleet prior; train a model")

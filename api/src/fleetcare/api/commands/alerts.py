@@ -14,7 +14,9 @@ secrets are never printed.
 RFC 3339 UTC.
 
 ``test-sink`` POSTs a made-up firing alert for node ``fleetcare-test`` to one sink now
-(not through the outbox) and prints the receiver's HTTP status; exit 1 unless 2xx.
+(not through the outbox) and prints the receiver's HTTP status; exit 1 unless 2xx. Its
+threshold is the configured one, or with ``threshold = "model"`` the shipped fleet prior's
+(what a fleet without a model of its own alerts at; no database is read).
 
 ``deliver`` sends the outbox's due messages once, as the service does every minute. It
 writes the database, so it cannot run while ``fleetcare serve`` holds it: the service
@@ -110,6 +112,22 @@ def _list(args: argparse.Namespace, cfg: Any) -> int:
     return 0
 
 
+def _shown_threshold(config: Any) -> float:
+    """The made-up alert's threshold: the configured one, or with ``threshold = "model"``
+    the shipped prior's operating threshold (the configured fallback without a prior)."""
+    if not config.from_model:
+        return float(config.threshold)
+    from fleetcare.api.alerts.engine import operating_point
+    from fleetcare.models import prior
+
+    try:
+        _, meta = prior.load()
+    except FileNotFoundError:
+        return float(config.threshold)
+    point = operating_point(prior.shipped_metrics(meta))
+    return point.threshold if point is not None else float(config.threshold)
+
+
 def _test_sink(args: argparse.Namespace) -> int:
     from fleetcare.api.alerts import sinks as sinks_mod
     from fleetcare.api.alerts.config import mask_url
@@ -123,14 +141,14 @@ def _test_sink(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         raise CliError(str(exc)) from exc
     sink = sinks_mod.build(sink_cfg)
+    threshold = _shown_threshold(config)
     now = time.time()
     at = dt.datetime.fromtimestamp(now, dt.UTC).replace(tzinfo=None, microsecond=0)
     event = sinks_mod.AlertEvent(
         event_id=f"fleetcare-test@{at:%Y%m%dT%H%M%SZ}:firing:test",
         alert_id=f"fleetcare-test@{at:%Y%m%dT%H%M%SZ}", status="firing", node="fleetcare-test",
-        risk=max(config.threshold, sink_cfg.min_risk), peak_risk=max(config.threshold,
-                                                                     sink_cfg.min_risk),
-        threshold=config.threshold, started_at=at, fired_at=at, resolved_at=None,
+        risk=max(threshold, sink_cfg.min_risk), peak_risk=max(threshold, sink_cfg.min_risk),
+        threshold=threshold, started_at=at, fired_at=at, resolved_at=None,
         reasons=("This is a test alert from `fleetcare alerts test-sink`.",),
         external_url=config.external_url)
     url, headers, body = sink.render(event)
