@@ -117,3 +117,22 @@ def test_test_sink_with_the_model_s_point_shows_the_prior_s_threshold(
     assert main(["--config", str(path), "alerts", "test-sink", "ops", "--json"]) == 0
     (got,) = recv.got
     assert got.json()["alert"]["threshold"] == prior.load()[1]["threshold"]
+
+
+def test_list_reads_an_alerts_table_from_before_p_net(tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``alerts list`` opens the database read-only, so the engine's ALTER never ran on a
+    table an older version made: the new column reads as null."""
+    db = str(tmp_path / "old.duckdb")
+    store = Store(db)
+    store.cursor().execute(
+        "CREATE TABLE alerts (id VARCHAR NOT NULL, node VARCHAR NOT NULL, state VARCHAR NOT "
+        "NULL, risk DOUBLE, started_at TIMESTAMP, fired_at TIMESTAMP, resolved_at TIMESTAMP, "
+        "reasons VARCHAR, updated_at TIMESTAMP, resolving_since TIMESTAMP, peak_risk DOUBLE, "
+        "top_gpu_uuid VARCHAR, model_id VARCHAR)").fetchall()
+    store.cursor().execute("INSERT INTO alerts (id, node, state, risk, started_at, reasons) "
+                           "VALUES ('a1', 'gpu01', 'firing', 0.9, ?, '[]')", [T0]).fetchall()
+    store.close()
+    assert main(["alerts", "list", "--db", db, "--json"]) == 0
+    (alert,) = json.loads(capsys.readouterr().out)["alerts"]
+    assert (alert["id"], alert["p_net"]) == ("a1", None)

@@ -224,15 +224,17 @@ def test_sinks_say_the_network_alarmed_and_read_it_as_at_the_threshold(
     meta = prior.load()[1]
     net, thr = meta["network_head"]["threshold"], meta["threshold"]
     prior.ensure_current(db)
-    pd, signed, strict = receivers(), receivers(), receivers()
+    pd, signed, strict, chat = receivers(), receivers(), receivers(), receivers()
     cfg = model_config(env={"FLEETCARE_ALERTS_PAGER_ROUTING_KEY": "R" * 32,
+                            "FLEETCARE_ALERTS_CHAT_URL": chat.url("/slack"),
                             "FLEETCARE_ALERTS_SIGNED_SECRET": "s3cr3t",
                             "FLEETCARE_ALERTS_STRICT_SECRET": "s3cr3t"},
                        sinks=[{"name": "pager", "kind": "pagerduty", "url": pd.url("/pd")},
                               {"name": "signed", "kind": "hmac", "url": signed.url("/h"),
                                "min_risk": 0.7},
                               {"name": "strict", "kind": "hmac", "url": strict.url("/s"),
-                               "min_risk": 0.9}])
+                               "min_risk": 0.9},
+                              {"name": "chat", "kind": "slack"}])
     clock = Clock()
     eng = AlertEngine.from_config(db, cfg, clock=clock, rng=lambda: 0.5)
     hold = meta["hold_h"] * 60
@@ -249,3 +251,35 @@ def test_sinks_say_the_network_alarmed_and_read_it_as_at_the_threshold(
     alert = signed.got[0].json()["alert"]
     assert (alert["risk"], alert["network_threshold"]) == (0.06, net)
     assert strict.got == []
+    for i in range(3, 6):  # the ports look healthy again: resolved, and said so
+        run_network(db, eng, clock, i * hold / 2, 0.06, 0.0)
+    eng.outbox.deliver_due(clock.at(T0 + minutes(3 * hold)))
+    assert pd.got[-1].json()["event_action"] == "resolve"
+    assert chat.got[-1].json()["text"].endswith(
+        "n1: network failure risk fell to 0.000 (node failure risk 0.06)")
+
+
+def test_the_network_band_holds_only_alerts_the_network_raised(db: Store) -> None:
+    """An alert the risk fired resolves on the risk's hysteresis even with the node's
+    network probability in the network side's band; one the network raised keeps firing
+    through a run without its network probability (its ports went silent)."""
+    meta = prior.load()[1]
+    net, thr = meta["network_head"]["threshold"], meta["threshold"]
+    band = (net * 0.3 / thr + net) / 2  # between the scaled resolve level and the threshold
+    prior.ensure_current(db)
+    clock = Clock()
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)
+    hold = meta["hold_h"] * 60
+    for i in range(3):  # n1 fired by its risk, n2 by its network probability
+        ts = T0 + minutes(i * hold / 2)
+        put_scores(db, ts, {"n1": thr + 0.05, "n2": 0.06})
+        put_network(db, ts, {"n1": 0.0, "n2": net * 1.5})
+        eng.evaluate(clock.at(ts + minutes(0.1)))
+    assert set(fired(db)) == {"n1", "n2"}
+    for i in range(3, 6):  # both in the band; n2's ports silent (no network row)
+        ts = T0 + minutes(i * hold / 2)
+        put_scores(db, ts, {"n1": 0.06, "n2": 0.06})
+        put_network(db, ts, {"n1": band})
+        eng.evaluate(clock.at(ts + minutes(0.1)))
+    assert {a["node"]: a["state"] for a in eng.alerts()} == {"n1": "resolved",
+                                                           "n2": "firing"}

@@ -79,3 +79,15 @@ def test_a_node_without_ports_has_no_network_section(client, store, fleet) -> No
     store.insert_nic_samples([nic(0)])  # another node's port
     assert client.get("/v1/nodes/n2").json()["nics"] == []
     assert "Network ports" not in client.get("/nodes/n2").text
+
+
+def test_a_bad_network_threshold_in_the_registry_is_not_shown(client, store, fleet) -> None:
+    fleet.node_score("n1", 0.09, ts=T0, model_id="prior-x")
+    fleet.model("prior-x", metrics={"threshold": 0.74, "network_head": {"threshold": "x"}})
+    store.insert_nic_samples([nic(-10)])
+    store.con.execute("INSERT INTO node_network_scores VALUES (?, 'n1', 0.02, 'prior-x')",
+                      [T0]).fetchall()
+    r = client.get("/nodes/n1")
+    assert r.status_code == 200
+    line = r.text[r.text.index('id="network-risk"'):].split("</p>")[0]
+    assert "<b>2.0%</b> within 72 h" in line and "alerts on its own" not in line

@@ -69,8 +69,8 @@ def _network_risk_line(r: dict[str, Any] | None) -> str:
     if r is None or r["p_net"] is None:
         return ""
     t = r["threshold"]
-    alarm = (f"; at or above {html.pct(t)} it alerts on its own"
-             if t is not None else "")
+    alarm = (f"; at or above {html.pct(t)} it alerts on its own under "
+             f'[alerts] threshold = "model", the default' if t is not None else "")
     over = " <b>(alerting level)</b>" if t is not None and r["p_net"] >= t else ""
     return (f'<p id="network-risk">Network failure risk <b>{html.pct(r["p_net"])}</b>{over} '
             f"within 72 h from these ports (the model's network head, scored "

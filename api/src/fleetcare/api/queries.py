@@ -487,7 +487,9 @@ def node_network_risk(cur: Cursor, tables: set[str], node: str) -> dict[str, Any
         got = cur.execute("SELECT metrics FROM models WHERE model_id = ?", [model_id]).fetchone()
         metrics = parse_json(got[0], what="models.metrics") if got else None
         head = metrics.get("network_head") if isinstance(metrics, dict) else None
-        threshold = finite(head.get("threshold")) if isinstance(head, dict) else None
+        value = head.get("threshold") if isinstance(head, dict) else None
+        if isinstance(value, int | float) and 0.0 < value <= 1.0:  # as the alert engine reads it
+            threshold = float(value)
     return {"ts": iso_z(ts), "p_net": finite(p_net), "model_id": model_id,
             "threshold": threshold}
 

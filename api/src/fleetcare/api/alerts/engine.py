@@ -287,7 +287,7 @@ class AlertEngine:
             labels=dict(self.node_labels(alert.node)), top_gpu_uuid=alert.top_gpu_uuid,
             model_id=alert.model_id, external_url=self.config.external_url, repeat=repeat,
             p_net=alert.p_net, network_threshold=self.rule.network,
-            level=self.rule.level_of(alert.risk, alert.p_net))
+            level=self.rule.alert_level(alert))
 
     def _sent(self, tx: Any, alert_id: str) -> dict[str, dt.datetime]:
         """Sink name -> when this alert's firing event was last enqueued for it."""
@@ -334,7 +334,10 @@ class AlertEngine:
 
 def list_alerts(cur: Any, *, state: str | None = None, limit: int = 100) -> list[dict[str, Any]]:
     where, params = ("WHERE state = ?", [state]) if state else ("", [])
-    rows = cur.execute(f"SELECT {', '.join(_COLS)} FROM alerts {where} "
+    have = {r[0] for r in cur.execute(
+        "SELECT column_name FROM duckdb_columns() WHERE table_name = 'alerts'").fetchall()}
+    cols = [c if c in have else f"NULL AS {c}" for c in _COLS]  # a table from before a column
+    rows = cur.execute(f"SELECT {', '.join(cols)} FROM alerts {where} "
                        "ORDER BY coalesce(fired_at, started_at) DESC, node LIMIT ?",
                        [*params, int(limit)]).fetchall()
     out = []

@@ -17,9 +17,12 @@ With ``network`` set (an operating point with a threshold of its own on the netw
 head's probability, as the fleet prior's: ``network_head.alarm_risk``), a node whose
 ``p_net`` reaches it counts as at the threshold (``level``): it pends, fires after
 ``for_s`` as a node at the threshold would; its alert keeps the node's own risk. The
-network side has the risk side's hysteresis: a firing node whose ``p_net`` stays at or
-above ``network * resolve_threshold / threshold`` counts as at ``resolve_threshold``, so
-a probability hovering at the threshold does not fire and resolve by turns.
+network side has the risk side's hysteresis: a firing alert the network raised (its risk
+never reached the threshold) whose ``p_net`` stays at or above ``network *
+resolve_threshold / threshold`` counts as at ``resolve_threshold``, so a probability
+hovering at the threshold does not fire and resolve by turns. A run without the node's
+network probability (its ports stopped reporting) keeps the last one: silence never
+resolves an alert.
 """
 
 from __future__ import annotations
@@ -103,21 +106,33 @@ class Rule:
         return (self.network is not None and score.p_net is not None
                 and score.p_net >= self.network)
 
-    def level_of(self, risk: float, p_net: float | None) -> float:
+    def level_of(self, risk: float, p_net: float | None, *, band: bool = False) -> float:
         """What the rule compares with its thresholds: ``risk``, raised to the threshold
-        where ``p_net`` reaches ``network``, and to ``resolve_threshold`` where it reaches
-        the network side's resolve level (hysteresis)."""
+        where ``p_net`` reaches ``network``, and with ``band`` (a firing alert the network
+        raised) to ``resolve_threshold`` where it reaches the network side's resolve
+        level (hysteresis)."""
         if self.network is None or p_net is None:
             return risk
         if p_net >= self.network:
             return max(risk, self.threshold)
         ratio = self.resolve_threshold / self.threshold if self.threshold > 0 else 1.0
-        if p_net >= self.network * ratio:
+        if band and p_net >= self.network * ratio:
             return max(risk, self.resolve_threshold)
         return risk
 
-    def level(self, score: Score) -> float:
-        return self.level_of(score.risk, score.p_net)
+    def raised_by_network(self, alert: Alert) -> bool:
+        """A firing alert whose risk never reached the threshold: the network raised it."""
+        return (self.network is not None and alert.state == "firing"
+                and alert.peak_risk < self.threshold)
+
+    def alert_level(self, alert: Alert) -> float:
+        """The level of an alert's latest run (``level_of``, with its band)."""
+        return self.level_of(alert.risk, alert.p_net, band=self.raised_by_network(alert))
+
+    def level(self, score: Score, alert: Alert | None = None) -> float:
+        """``level_of`` a node's score, with the band when its ``alert`` has one."""
+        band = alert is not None and self.raised_by_network(alert)
+        return self.level_of(score.risk, score.p_net, band=band)
 
     def step(self, alert: Alert | None, score: Score | None,
              ts: dt.datetime) -> tuple[Alert | None, Change]:
@@ -141,7 +156,7 @@ class Rule:
         if score is None:
             return alert, "none"
         seen = self._observe(alert, score, ts)
-        if self.level(score) >= self.resolve_threshold:
+        if self.level(self._with_last_p_net(score, alert), alert) >= self.resolve_threshold:
             return replace(seen, resolving_since=None), "updated"
         since = alert.resolving_since or ts
         seen = replace(seen, resolving_since=since)
@@ -149,7 +164,13 @@ class Rule:
             return replace(seen, state="resolved", resolved_at=ts), "resolved"
         return seen, "updated"
 
+    @staticmethod
+    def _with_last_p_net(score: Score, alert: Alert) -> Score:
+        """The score, with the alert's last network probability when this run has none."""
+        return score if score.p_net is not None else replace(score, p_net=alert.p_net)
+
     def _observe(self, alert: Alert, score: Score, ts: dt.datetime) -> Alert:
+        score = self._with_last_p_net(score, alert)
         # while firing, keep the reasons that made it fire unless risk is still high
         keep_reasons = alert.state == "firing" and self.level(score) < self.threshold
         return replace(alert, risk=score.risk, updated_at=ts,
@@ -161,6 +182,6 @@ class Rule:
     def _maybe_fire(self, alert: Alert, ts: dt.datetime) -> tuple[Alert, Change]:
         if ((ts - alert.started_at).total_seconds() >= self.for_s
                 or (self.immediate is not None
-                    and self.level_of(alert.risk, alert.p_net) >= self.immediate)):
+                    and self.alert_level(alert) >= self.immediate)):
             return replace(alert, state="firing", fired_at=ts), "firing"
         return alert, "pending" if alert.updated_at == alert.started_at else "updated"

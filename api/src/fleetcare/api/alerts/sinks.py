@@ -135,6 +135,10 @@ def summary(event: AlertEvent) -> str:
     if event.status == "firing":
         return (f"{event.node}: failure risk {event.risk:.2f} >= {event.threshold:.2f} "
                 f"since {rfc3339(event.started_at)}")
+    if (event.p_net is not None and event.network_threshold is not None
+            and event.peak_risk < event.threshold):  # the network raised it
+        return (f"{event.node}: network failure risk fell to {event.p_net:.3f} (node failure "
+                f"risk {event.risk:.2f})")
     return f"{event.node}: failure risk fell to {event.risk:.2f} (peak {event.peak_risk:.2f})"
 
 
