@@ -49,7 +49,8 @@ def test_rules_use_only_metrics_fleetcare_exports() -> None:
                           {"held": [("slurm", 1)], "overdue": 0,
                            "actions": [("drain", "ok", 1)], "last_action": 1.0},
                           latest_telemetry_s=1.0,
-                          alerts={"open": [("firing", 1)], "messages": [("dead", 0)]})
+                          alerts={"open": [("firing", 1)], "messages": [("dead", 0)]},
+                          network=([("n", 0.1)], 0.05))
     exported = set(re.findall(r"^# TYPE (\S+) ", text, flags=re.M))
     for rules in RULE_FILES:
         doc = yaml.safe_load((RULES / rules).read_text())
@@ -75,6 +76,7 @@ def test_alertmanager_example_is_valid() -> None:
     ("alertname=FleetcareFleetWideRisk scope=fleet severity=critical job=fleetcare",
      "gpu-ops-pager"),
     ("alertname=FleetcareScoresStale severity=warning job=fleetcare", "fleetcare-ops"),
+    ("alertname=FleetcareNodeNetworkRisk node=gpu01 severity=warning", "gpu-ops-chat"),
 ])
 def test_alertmanager_example_routes(labels: str, receivers: str) -> None:
     out = _tool("amtool", "config", "routes", "test",

@@ -204,7 +204,23 @@ def test_alerts_reads_the_alerts_table(client, store):
 
 def test_metrics_keeps_the_node_risk_gauge(client, fleet):
     fleet.node_score("n1", 0.25)
-    assert 'fleetcare_node_failure_risk{node="n1"} 0.25' in client.get("/metrics").text
+    text = client.get("/metrics").text
+    assert 'fleetcare_node_failure_risk{node="n1"} 0.25' in text
+    assert "fleetcare_node_network_risk{" not in text  # no model with a network head
+
+
+def test_metrics_export_the_network_heads_risk_of_the_newest_run(client, fleet, store):
+    """For Prometheus' FleetcareNodeNetworkRisk: the head's probability of each node in the
+    newest run and the threshold its model names (an older run's rows are not shown)."""
+    t0 = fleet.T0 - dt.timedelta(minutes=5)
+    fleet.model("prior-x", metrics={"threshold": 0.74, "network_head": {"threshold": 0.052}})
+    for ts, p in ((t0, 0.9), (fleet.T0, 0.081)):
+        fleet.node_score("n1", 0.09, ts=ts, model_id="prior-x")
+        store.con.execute("INSERT INTO node_network_scores VALUES (?, 'n1', ?, 'prior-x')",
+                          [ts, p]).fetchall()
+    text = client.get("/metrics").text
+    assert 'fleetcare_node_network_risk{node="n1"} 0.081\n' in text
+    assert "fleetcare_network_alarm_threshold 0.052\n" in text
 
 
 def test_an_unknown_query_parameter_is_named_not_ignored(client):

@@ -45,10 +45,12 @@ def _family(name: str, help_text: str, samples: Iterable[tuple[Mapping[str, str]
 def render(nodes: list[dict[str, Any]], latest_score_s: float | None,
            drains: Mapping[str, Any] | None = None, *,
            latest_telemetry_s: float | None = None,
-           alerts: Mapping[str, Any] | None = None, extra: str = "") -> str:
+           alerts: Mapping[str, Any] | None = None, extra: str = "",
+           network: tuple[list[tuple[str, float]], float | None] | None = None) -> str:
     """The exposition for ``nodes`` (``queries.ranked_nodes`` rows), the newest score, the
     drain controller's state (``queries.drain_stats``; omitted when None), the newest
-    telemetry sample, the alerts (``queries.alert_stats``; omitted when None) and
+    telemetry sample, the alerts (``queries.alert_stats``; omitted when None), the network
+    head's risks and threshold (``queries.network_risks``; omitted when None) and
     ``extra``, text already in the format (the ingest worker's counters)."""
     return "".join([
         _family(
@@ -71,8 +73,23 @@ def render(nodes: list[dict[str, Any]], latest_score_s: float | None,
             [] if latest_telemetry_s is None else [({}, latest_telemetry_s)],
         ),
         *(_alert_families(alerts) if alerts is not None else []),
+        *(_network_families(*network) if network is not None else []),
         extra,
     ])
+
+
+def _network_families(risks: list[tuple[str, float]], threshold: float | None) -> list[str]:
+    return [
+        _family("fleetcare_node_network_risk",
+                "Latest probability of a network failure of the node (InfiniBand cable, "
+                "switch or NIC) within 72 h from its ports, by the scoring model's network "
+                "head (absent without one).",
+                (({"node": n}, p) for n, p in risks)),
+        _family("fleetcare_network_alarm_threshold",
+                "The network head probability at which the scoring model alarms on its "
+                "own (the fleet prior's operating point; absent when the model has none).",
+                [] if threshold is None else [({}, threshold)]),
+    ]
 
 
 def _alert_families(a: Mapping[str, Any]) -> list[str]:

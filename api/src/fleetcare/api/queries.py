@@ -471,6 +471,37 @@ def node_nics(cur: Cursor, tables: set[str], node: str) -> list[dict[str, Any]]:
     return out
 
 
+def network_threshold(metrics: Any) -> float | None:
+    """A model's network head threshold from its registry metrics (``network_head.
+    threshold``), as the alert engine reads it: a number in (0, 1], else None."""
+    head = metrics.get("network_head") if isinstance(metrics, dict) else None
+    value = head.get("threshold") if isinstance(head, dict) else None
+    if isinstance(value, int | float) and 0.0 < value <= 1.0:
+        return float(value)
+    return None
+
+
+def network_risks(cur: Cursor, tables: set[str]
+                  ) -> tuple[list[tuple[str, float]], float | None]:
+    """The network head's probability of each node in the newest scoring run (none when
+    that run's model has no head) and the threshold its model alarms at (None: none)."""
+    if "node_network_scores" not in tables or "node_scores" not in tables:
+        return [], None
+    rows = cur.execute(
+        "SELECT node, p_net, model_id FROM node_network_scores "
+        "WHERE ts = (SELECT max(ts) FROM node_scores) AND isfinite(p_net) "
+        "ORDER BY node").fetchall()
+    if not rows:
+        return [], None
+    threshold = None
+    if "models" in tables:
+        got = cur.execute("SELECT metrics FROM models WHERE model_id = ?",
+                          [rows[0][2]]).fetchone()
+        threshold = network_threshold(parse_json(got[0], what="models.metrics")
+                                      if got else None)
+    return [(str(n), float(p)) for n, p, _ in rows], threshold
+
+
 def node_network_risk(cur: Cursor, tables: set[str], node: str) -> dict[str, Any] | None:
     """The network head's newest probability for ``node`` (``node_network_scores``) and
     the threshold its model alarms at (``metrics.network_head.threshold``; None: one
@@ -485,11 +516,8 @@ def node_network_risk(cur: Cursor, tables: set[str], node: str) -> dict[str, Any
     threshold = None
     if "models" in tables:
         got = cur.execute("SELECT metrics FROM models WHERE model_id = ?", [model_id]).fetchone()
-        metrics = parse_json(got[0], what="models.metrics") if got else None
-        head = metrics.get("network_head") if isinstance(metrics, dict) else None
-        value = head.get("threshold") if isinstance(head, dict) else None
-        if isinstance(value, int | float) and 0.0 < value <= 1.0:  # as the alert engine reads it
-            threshold = float(value)
+        threshold = network_threshold(parse_json(got[0], what="models.metrics")
+                                      if got else None)
     return {"ts": iso_z(ts), "p_net": finite(p_net), "model_id": model_id,
             "threshold": threshold}
 
