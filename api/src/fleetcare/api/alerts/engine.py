@@ -39,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, NamedTuple
 
+from fleetcare.api import queries
 from fleetcare.api.alerts import outbox as outbox_mod
 from fleetcare.api.alerts import sinks as sinks_mod
 from fleetcare.api.alerts.config import AlertsConfig, SinkConfig
@@ -93,15 +94,14 @@ def operating_point(metrics: Mapping[str, Any]) -> Point | None:
         return None
     immediate = metrics.get("immediate")
     head = metrics.get("network_head")
-    network = head.get("threshold") if isinstance(head, Mapping) else None
-    if network is not None and not (isinstance(network, int | float)
-                                    and 0.0 < float(network) <= 1.0):
+    network = queries.network_threshold(dict(metrics))
+    if network is None and isinstance(head, Mapping) and head.get("threshold") is not None:
         log.error("alerts.bad_network_threshold value=%r: the registry's network head "
-                  "threshold must be in (0, 1]; alerting on the risk alone", network)
-        network = None
+                  "threshold must be in (0, 1]; alerting on the risk alone",
+                  head.get("threshold"))
     return Point(float(threshold), float(metrics.get("hold_h") or 0.0) * 3600.0,
                  None if immediate is None else max(float(immediate), float(threshold)),
-                 None if network is None else float(network))
+                 network)
 
 
 class AlertEngine:
