@@ -481,6 +481,14 @@ def network_threshold(metrics: Any) -> float | None:
     return None
 
 
+def _model_network_threshold(cur: Cursor, tables: set[str], model_id: str) -> float | None:
+    """``network_threshold`` of registered model ``model_id`` (None: unknown model)."""
+    if "models" not in tables:
+        return None
+    got = cur.execute("SELECT metrics FROM models WHERE model_id = ?", [model_id]).fetchone()
+    return network_threshold(parse_json(got[0], what="models.metrics") if got else None)
+
+
 def network_risks(cur: Cursor, tables: set[str]
                   ) -> tuple[list[tuple[str, float]], float | None]:
     """The network head's probability of each node in the newest scoring run (none when
@@ -493,13 +501,8 @@ def network_risks(cur: Cursor, tables: set[str]
         "ORDER BY node").fetchall()
     if not rows:
         return [], None
-    threshold = None
-    if "models" in tables:
-        got = cur.execute("SELECT metrics FROM models WHERE model_id = ?",
-                          [rows[0][2]]).fetchone()
-        threshold = network_threshold(parse_json(got[0], what="models.metrics")
-                                      if got else None)
-    return [(str(n), float(p)) for n, p, _ in rows], threshold
+    return ([(str(n), float(p)) for n, p, _ in rows],
+            _model_network_threshold(cur, tables, rows[0][2]))
 
 
 def node_network_risk(cur: Cursor, tables: set[str], node: str) -> dict[str, Any] | None:
@@ -513,13 +516,8 @@ def node_network_risk(cur: Cursor, tables: set[str], node: str) -> dict[str, Any
     if row is None:
         return None
     ts, p_net, model_id = row
-    threshold = None
-    if "models" in tables:
-        got = cur.execute("SELECT metrics FROM models WHERE model_id = ?", [model_id]).fetchone()
-        threshold = network_threshold(parse_json(got[0], what="models.metrics")
-                                      if got else None)
     return {"ts": iso_z(ts), "p_net": finite(p_net), "model_id": model_id,
-            "threshold": threshold}
+            "threshold": _model_network_threshold(cur, tables, model_id)}
 
 
 def gpu_detail(cur: Cursor, tables: set[str], gpu_uuid: str,
