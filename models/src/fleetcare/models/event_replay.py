@@ -23,6 +23,7 @@ import numpy as np
 
 from fleetcare.collectors.xid import DEFAULT_CATALOG
 from fleetcare.models import metrics as M
+from fleetcare.models import thermal_ramp
 from fleetcare.models.evaluation import NodeScores
 from fleetcare.models.model import FailureModel
 from fleetcare.pipeline import features
@@ -109,7 +110,7 @@ def event_scores(store: Store, events: Sequence[tuple[np.datetime64, str]],
         mine = features.latest_features(store, when, nodes=[node])
         if mine.num_rows == 0:
             continue
-        p = model.predict_proba(mine)[:, 1]
+        p = thermal_ramp.live(store, mine).risk(model.predict_proba(mine)[:, 1])
         name, t = f"{prefix}{node}", at + DELAY
         ts_l.append(t)
         node_l.append(name)

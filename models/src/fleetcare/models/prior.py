@@ -65,7 +65,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from fleetcare.models import dataset, registry
+from fleetcare.models import dataset, registry, thermal_ramp
 from fleetcare.models import metrics as M
 from fleetcare.models import training as T
 from fleetcare.models.model import FailureModel
@@ -485,7 +485,8 @@ def score_fleet(rows: FleetRows, model: FailureModel, *, horizon_h: float = 24.0
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
     known = np.asarray(ts + H <= rows.last, dtype=bool)
     sub = table.filter(pa.array(mask)) if since is not None else table
-    p = model.predict_proba(sub)[:, 1]
+    hit = thermal_ramp.grid(table).hit[mask]  # lags from before ``since`` too
+    p = thermal_ramp.raised(model.predict_proba(sub)[:, 1], hit)
     s = node_scores(table, mask, p, known)
     s.node = np.array([f"{name}/{n}" for n in s.node], dtype=object)
     t0 = ts[mask].min()
@@ -667,11 +668,12 @@ def event_scores_path(workdir: str | Path, fleet: SimFleet, model: FailureModel,
 def _replay_code() -> str:
     """A digest of the code event scores come from (live features, triggers, replay):
     kept event scores made by other code are replayed again."""
-    from fleetcare.models import event_replay
-    from fleetcare.pipeline import feature_defs, features, live_features, rollup, urgent
+    from fleetcare.models import event_replay, thermal_ramp
+    from fleetcare.pipeline import feature_defs, features, live_features, rollup, temp_trend, urgent
 
     h = hashlib.sha256()
-    for mod in (event_replay, feature_defs, features, live_features, rollup, urgent):
+    for mod in (event_replay, feature_defs, features, live_features, rollup, urgent,
+                temp_trend, thermal_ramp):
         h.update(Path(str(mod.__file__)).read_bytes())
     return h.hexdigest()[:16]
 

@@ -55,7 +55,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from fleetcare.models import registry
+from fleetcare.models import registry, thermal_ramp
 from fleetcare.models.model import FailureModel
 from fleetcare.models.reasons import explain, fleet_medians
 from fleetcare.models.training import ts_column
@@ -318,6 +318,8 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
         return ScoreResult(None, model, GPU_SCHEMA.empty_table(), NODE_SCHEMA.empty_table())
     n = feats.num_rows
     p = m.predict_proba(m.matrix(feats))[:, 1]   # one float32 matrix, as in training
+    ramp = thermal_ramp.live(store, feats)  # failing cooling: a rule beside the model
+    p = ramp.risk(p)
     ts_naive = _naive(at) if at is not None else ts_column(feats).max().astype(dt.datetime)
     node_col = feats.column("node").cast(pa.string())
     idx_col = feats.column("gpu_index").cast(pa.int64())
@@ -345,6 +347,9 @@ def score(store: Store, *, at: dt.datetime | None = None, model: str | None = No
     explained = np.sort(_explained_rows(p, order, top_gpu, node_risk, explain_floor,
                                         explain_top))
     texts = dict(zip(explained.tolist(), _explain_riskiest(m, feats, explained), strict=True))
+    for i in texts:
+        if ramp.hit[i]:
+            texts[i] = [thermal_ramp.reason(ramp, i), *texts[i]]
     reasons = ["[]"] * n
     for i, r in texts.items():
         reasons[i] = json.dumps(r)

@@ -1,0 +1,68 @@
+"""The thermal-ramp rule beside the model: a GPU heating hour after hour at the same power
+is raised to the rule's risk with a reason, live and on the training grid alike; a GPU that
+stepped up once is not. Hand-built telemetry (``tests/pipeline/test_temp_trend.py``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+
+import numpy as np
+import pytest
+
+from fleetcare.models import prior, scoring, thermal_ramp
+from fleetcare.pipeline import features
+from fleetcare.pipeline.store import Store
+from tests.pipeline.test_temp_trend import HOURS, T0, fleet
+
+END = T0 + dt.timedelta(hours=HOURS - 1)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "r.duckdb") as s:
+        fleet(s)
+        yield s
+
+
+def _hits(table, ramp) -> set[str]:
+    return {g for g, h in zip(table.column("gpu_uuid").to_pylist(), ramp.hit, strict=True)
+            if h}
+
+
+def test_the_ramp_hits_live_and_on_the_grid_the_step_does_not(store):
+    live = features.latest_features(store, END)
+    ramp = thermal_ramp.live(store, live)
+    assert _hits(live, ramp) == {"G5"}           # G6 stepped 12 degC: hot, not heating
+    grid = features.gpu_features(store, T0 + dt.timedelta(hours=1), END)
+    ts = grid.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")
+    g = thermal_ramp.grid(grid)
+    hit_at = {(str(t), u) for t, u, h in zip(ts, grid.column("gpu_uuid").to_pylist(), g.hit,
+                                            strict=True) if h}
+    assert {u for t, u in hit_at if t == str(np.datetime64(END.replace(tzinfo=None), "us"))
+            } == {"G5"}
+    # the hours before lack twelve hours of history, or had not risen enough yet
+    assert {u for _, u in hit_at} == {"G5"}
+    assert not g.hit[ts < np.datetime64((T0 + dt.timedelta(hours=11)).replace(tzinfo=None),
+                                        "us")].any()
+    p = np.full(live.num_rows, 0.01)
+    raised = ramp.risk(p)
+    assert raised[ramp.hit].tolist() == [thermal_ramp.RISK]
+    assert (raised[~ramp.hit] == 0.01).all()
+    assert ramp.risk(np.full(live.num_rows, 0.97))[ramp.hit].tolist() == [0.97]  # a floor
+
+
+def test_scoring_raises_the_heating_gpu_and_says_why(store):
+    rec = prior.ensure_current(store)
+    assert rec is not None
+    res = scoring.score(store, at=END, model=rec.model_id)
+    gpus = {r["gpu_uuid"]: r for r in res.gpu_scores.to_pylist()}
+    assert gpus["G5"]["risk"] >= thermal_ramp.RISK
+    why = json.loads(gpus["G5"]["reasons"])
+    assert why[0].startswith("temperature rising at the same power: ")
+    assert "°C/h over the last 6 h" in why[0]
+    assert not any("temperature rising" in r for r in json.loads(gpus["G6"]["reasons"]))
+    nodes = {r["node"]: r for r in res.node_scores.to_pylist()}
+    assert nodes["n1"]["risk"] >= thermal_ramp.RISK  # G5 is n1's GPU 1
+    assert json.loads(nodes["n1"]["reasons"])[0].startswith("GPU 1: temperature rising")
+    assert nodes["n0"]["risk"] < thermal_ramp.RISK

@@ -1,0 +1,102 @@
+"""The temperature trend (``temp_trend``): the same slopes from a training grid and live,
+and a ramp told from a step, on hand-built telemetry."""
+
+from __future__ import annotations
+
+import datetime as dt
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from fleetcare.collectors.contract import GpuSample
+from fleetcare.pipeline import features, temp_trend
+from fleetcare.pipeline.store import Store
+
+T0 = dt.datetime(2025, 3, 1, tzinfo=dt.UTC)
+HOURS = 14
+RAMP_GPU, RAMP_C_H = 5, 1.0   # G5: one degree more every hour at the same power
+STEP_GPU, STEP_C, STEP_H = 6, 12.0, 10  # G6: twelve degrees more from hour 10 on
+
+
+def _temp(g: int, minutes: float, power: float) -> float:
+    extra = 0.0
+    if g == RAMP_GPU:
+        extra = RAMP_C_H * minutes / 60
+    elif g == STEP_GPU and minutes >= STEP_H * 60:
+        extra = STEP_C
+    return 30.0 + 0.1 * power + extra + 0.3 * ((g * 7 + int(minutes) // 10) % 5 - 2)
+
+
+def fleet(store: Store) -> None:
+    """Twelve H100s on three nodes, a sample every 10 minutes (at :05, :15, ...) for 14 h;
+    power differs by GPU and hour, temperature follows it, G5 ramps, G6 steps (both
+    near the fleet's mean power, where one GPU moves the fitted line least)."""
+    out = []
+    for g in range(12):
+        for i in range(HOURS * 6):
+            minutes = 5 + 10 * i
+            power = 200.0 + 30 * g + 20 * ((minutes // 60 + g) % 3)
+            out.append(GpuSample(
+                ts=T0 + dt.timedelta(minutes=minutes), node=f"n{g // 4}", gpu_uuid=f"G{g}",
+                gpu_index=g % 4, pci_bus_id=f"00000000:{0x10 + g % 4:02X}:00.0",
+                model="H100", gpu_temp_c=_temp(g, minutes, power), power_w=power))
+    store.insert_sample_records(out)
+    features.refresh(store)
+
+
+@pytest.fixture
+def store(tmp_path):
+    with Store(tmp_path / "t.duckdb") as s:
+        fleet(s)
+        yield s
+
+
+def _by_gpu(table: pa.Table, values: np.ndarray, ts: dt.datetime) -> dict[str, float]:
+    naive = np.datetime64(ts.replace(tzinfo=None), "us")
+    when = table.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")
+    gpus = table.column("gpu_uuid").to_pylist()
+    return {g: float(v) for g, v, t in zip(gpus, values, when, strict=True) if t == naive}
+
+
+def test_live_trend_equals_the_grids_on_the_hour(store):
+    end = T0 + dt.timedelta(hours=HOURS - 1)
+    grid = features.gpu_features(store, T0 + dt.timedelta(hours=1), end)
+    g6, gb = temp_trend.grid_trend(grid)
+    live = features.latest_features(store, end)
+    assert live.num_rows == 12
+    l6, lb = temp_trend.latest_trend(store, live, np.arange(live.num_rows))
+    for grid_v, live_v in ((g6, l6), (gb, lb)):
+        want = _by_gpu(grid, grid_v, end)
+        got = dict(zip(live.column("gpu_uuid").to_pylist(), live_v.tolist(), strict=True))
+        assert set(want) == set(got)
+        for gpu in want:
+            assert got[gpu] == pytest.approx(want[gpu], abs=1e-9), gpu
+    slopes = dict(zip(live.column("gpu_uuid").to_pylist(), zip(l6, lb, strict=True),
+                      strict=True))
+    # the ramp rises in both halves (the fit over 12 GPUs takes a third of it) ...
+    assert slopes["G5"][0] > 0.5 and slopes["G5"][1] > 0.5
+    # ... the step (3 h ago) only in the newest six hours; none of the others rises
+    # (the two pull the fitted line up, so their peers sit a little lower each hour)
+    assert slopes["G6"][0] > 1.0 and abs(slopes["G6"][1]) < 0.3
+    assert all(s6 < 0.1 and sb < 0.1 for g, (s6, sb) in slopes.items()
+               if g not in ("G5", "G6"))
+
+
+def test_a_missing_hour_leaves_the_slope_undefined(store):
+    end = T0 + dt.timedelta(hours=HOURS - 1)
+    cur = store.cursor()
+    cur.execute("DELETE FROM telemetry_hourly WHERE gpu_uuid = 'G2' AND hour = ?",
+                [(T0 + dt.timedelta(hours=8)).replace(tzinfo=None)])
+    cur.close()
+    live = features.latest_features(store, end)
+    s6, sb = temp_trend.latest_trend(store, live, np.arange(live.num_rows))
+    k = live.column("gpu_uuid").to_pylist().index("G2")
+    assert np.isnan(s6[k]) and np.isfinite(sb[k])   # hour 8-9 is lag 4 at 13:00
+    assert temp_trend.latest_trend(store, live, [])[0].shape == (0,)
+
+
+def test_slopes_of_a_line_are_its_rate():
+    lagged = (20.0 - 0.5 * np.arange(temp_trend.LAGS))[:, None]  # +0.5 degC each hour
+    s6, sb = temp_trend.slopes(lagged)
+    assert s6[0] == pytest.approx(0.5) and sb[0] == pytest.approx(0.5)
