@@ -8,6 +8,7 @@ import datetime as dt
 import json
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from fleetcare.models import prior, scoring, thermal_ramp
@@ -66,3 +67,19 @@ def test_scoring_raises_the_heating_gpu_and_says_why(store):
     assert nodes["n1"]["risk"] >= thermal_ramp.RISK  # G5 is n1's GPU 1
     assert json.loads(nodes["n1"]["reasons"])[0].startswith("GPU 1: temperature rising")
     assert nodes["n0"]["risk"] < thermal_ramp.RISK
+
+
+def test_chunks_see_the_hours_of_the_chunks_before(store):
+    grid = features.gpu_features(store, T0 + dt.timedelta(hours=1), END)
+    ts = grid.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")
+    whole = thermal_ramp.grid(grid).hit
+    assert whole.any()
+    predict = thermal_ramp.chunked(lambda t: np.full(t.num_rows, 0.01))
+    cut = np.datetime64((T0 + dt.timedelta(hours=12)).replace(tzinfo=None), "us")
+    parts = [grid.filter(pa.array(ts < cut)), grid.filter(pa.array(ts >= cut))]
+    got = np.concatenate([predict(p) for p in parts])
+    want = np.where(np.concatenate([whole[ts < cut], whole[ts >= cut]]), thermal_ramp.RISK,
+                    0.01)
+    assert got.tolist() == want.tolist()
+    # the last chunk alone (two hours): without the chunks before, no lag and no hit
+    assert (thermal_ramp.chunked(lambda t: np.full(t.num_rows, 0.01))(parts[1]) == 0.01).all()

@@ -100,3 +100,12 @@ def test_slopes_of_a_line_are_its_rate():
     lagged = (20.0 - 0.5 * np.arange(temp_trend.LAGS))[:, None]  # +0.5 degC each hour
     s6, sb = temp_trend.slopes(lagged)
     assert s6[0] == pytest.approx(0.5) and sb[0] == pytest.approx(0.5)
+
+
+def test_the_trend_reads_a_store_rolled_up_to_the_scoring_time(store):
+    # `fleetcare score` scores at the newest sample, where the rollup's watermark is:
+    # the rollup is read as stored (the path that once left a query open and failed)
+    live = features.latest_features(store)
+    s6, sb = temp_trend.latest_trend(store, live, np.arange(live.num_rows))
+    k = live.column("gpu_uuid").to_pylist().index(f"G{RAMP_GPU}")
+    assert s6[k] > 0.5 and sb[k] > 0.5

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleetcare.models import baselines as B
-from fleetcare.models import dataset, network_head
+from fleetcare.models import dataset, network_head, thermal_ramp
 from fleetcare.models import goodput_sim as G
 from fleetcare.models import metrics as M
 from fleetcare.models import training as T
@@ -337,12 +337,13 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     del train_rows
     for f in train:  # fitted: the rows are not held while the test period is read
         f.fit.train, f.fit.cal = f.fit.train.slice(0, 0), f.fit.cal.slice(0, 0)
-    predictors: dict[str, dataset.Predict] = {
-        "model": lambda t: model.predict_proba(t)[:, 1],
+    predictors: dict[str, dataset.Predict] = {  # fleetcare's with its thermal-ramp rule
+        "model": thermal_ramp.chunked(lambda t: model.predict_proba(t)[:, 1]),
         "logistic": lambda t: logit.predict_proba(t)[:, 1]}
     shipped = _shipped_prior(cfg)
     if shipped is not None:
-        predictors["prior"] = lambda t: shipped[0].predict_proba(t)[:, 1]
+        predictors["prior"] = thermal_ramp.chunked(
+            lambda t: shipped[0].predict_proba(t)[:, 1])
     say("scoring the test period" + (" (model, logistic, fleet prior)" if shipped else ""))
     tp = _test_period(test, predictors)
     failures = tp.failures
@@ -380,7 +381,8 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
         return G.pack_jobs(nodes, cfg.job_sizes, gpus_per_node=cost.gpus_per_node,
                            checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
 
-    s_cal, cal_keys = _cal_scores(train, predictors["model"])
+    s_cal, cal_keys = _cal_scores(train, thermal_ramp.chunked(  # a pass of its own
+        lambda t: model.predict_proba(t)[:, 1]))
     s_cal, _ = _with_head(s_cal, head, train, "cal")
     cal_jobs = jobs_of(cal_keys)
     c0 = s_cal.ts.min() if len(s_cal.ts) else start

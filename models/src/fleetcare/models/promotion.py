@@ -168,7 +168,10 @@ def _network(model: FailureModel, store: Store, start: dt.datetime, end: dt.date
 
 
 def _predictor(model: FailureModel) -> Callable[[pa.Table], np.ndarray]:
-    return lambda t: model.predict_proba(t)[:, 1]
+    """The model's risks as scoring gives them: with the thermal-ramp rule beside it."""
+    from fleetcare.models import thermal_ramp
+
+    return thermal_ramp.chunked(lambda t: model.predict_proba(t)[:, 1])
 
 
 def consider(store: Store, new_model_id: str, *, force: bool = False,

@@ -22,13 +22,15 @@ probability, like the model's, over the same horizon.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pyarrow as pa
 
 from fleetcare.pipeline import temp_trend
 from fleetcare.pipeline.store import Store
 
-__all__ = ["RESID_C", "RISK", "SLOPE_C_H", "SLOPE_PREV_C_H", "Ramp", "grid", "raised",
+__all__ = ["RESID_C", "RISK", "SLOPE_C_H", "SLOPE_PREV_C_H", "Ramp", "chunked", "grid", "raised",
            "live", "reason"]
 
 RESID_C = 5.0
@@ -75,6 +77,32 @@ def grid(table: pa.Table) -> Ramp:
         return Ramp(resid, nan, nan)
     s6, s6b = temp_trend.grid_trend(table)
     return Ramp(resid, s6, s6b)
+
+
+def chunked(predict: Callable[[pa.Table], np.ndarray]) -> Callable[[pa.Table], np.ndarray]:
+    """``predict`` with the rule's floor, for a grid's rows that come as consecutive time
+    chunks (``dataset.score``: ``train``, ``evaluate``, the promotion check): each chunk's
+    lags reach into the rows of the chunks before it (the last ``temp_trend.LAGS`` hours
+    are kept). Make one per pass over the rows."""
+    tail: list[pa.Table] = []
+    keep = np.timedelta64(temp_trend.LAGS * 3600, "s")
+
+    def run(table: pa.Table) -> np.ndarray:
+        p = predict(table)
+        if (table.num_rows == 0 or "gpu_uuid" not in table.column_names
+                or "gpu_temp_resid_1h" not in table.column_names):
+            return p
+        cur = pa.table({
+            "ts": table.column("ts").cast(pa.timestamp("us")),
+            "gpu_uuid": table.column("gpu_uuid").cast(pa.string()),
+            "gpu_temp_resid_1h": table.column("gpu_temp_resid_1h").cast(pa.float64())})
+        both = pa.concat_tables([*tail, cur])
+        hit = grid(both).hit[both.num_rows - cur.num_rows:]
+        ts = both.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")
+        tail[:] = [both.filter(pa.array(ts > ts.max() - keep))]
+        return raised(p, hit)
+
+    return run
 
 
 def live(store: Store, table: pa.Table) -> Ramp:

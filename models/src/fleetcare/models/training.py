@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleetcare.models import metrics as M
-from fleetcare.models import registry
+from fleetcare.models import registry, thermal_ramp
 from fleetcare.models.model import FailureModel
 from fleetcare.pipeline.store import Store
 
@@ -275,6 +275,8 @@ def evaluate(model: FailureModel, table: pa.Table, mask: np.ndarray, *, horizon_
     labeled = mask if labeled is None else labeled & mask
     test = table.filter(pa.array(mask))
     p = model.predict_proba(test)[:, 1] if test.num_rows else np.zeros(0)
+    if test.num_rows:  # the thermal-ramp rule, its lags from before the mask too
+        p = thermal_ramp.raised(p, thermal_ramp.grid(table).hit[mask])
     return evaluate_scored(test, p, labeled[mask], horizon_h=horizon_h, every_s=every_s,
                            window_h=window_h)
 
@@ -374,8 +376,8 @@ def _fit_and_score(fit_tables: Iterable[pa.Table], test_tables: Iterable[pa.Tabl
         ts = ts_column(t)
         return (ts >= b2) & (ts <= end)
 
-    scored = dataset.score(test_tables, {"model": lambda t: model.predict_proba(t)[:, 1]},
-                           keep=in_test)
+    scored = dataset.score(test_tables, {"model": thermal_ramp.chunked(
+        lambda t: model.predict_proba(t)[:, 1])}, keep=in_test)
     ts = ts_column(scored.keys) if scored.num_rows else np.zeros(0, "datetime64[us]")
     metrics = evaluate_scored(scored.keys, scored.p["model"], np.asarray(ts + H <= last),
                               horizon_h=horizon_h, every_s=every_s, window_h=window_h,

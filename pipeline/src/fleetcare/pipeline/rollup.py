@@ -274,8 +274,10 @@ def watermark(con: duckdb.DuckDBPyConnection) -> dt.datetime | None:
 
 
 def _meta_ts(con: duckdb.DuckDBPyConnection, key: str) -> dt.datetime | None:
-    row = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
-    return dt.datetime.fromisoformat(row[0]) if row else None
+    # every row read: a result left open makes DuckDB refuse the connection's next
+    # register() or relation until it is fetched
+    rows = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchall()
+    return dt.datetime.fromisoformat(rows[0][0]) if rows else None
 
 
 def dirty_since(con: duckdb.DuckDBPyConnection) -> dt.datetime | None:

@@ -56,20 +56,25 @@ def _resid(table: pa.Table) -> np.ndarray:
 
 
 def grid_trend(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's (slope_6h, slope_prev_6h) from the same GPU's rows 1-11 hours before it
-    (``ts``, ``gpu_uuid``, ``gpu_temp_resid_1h``); NaN where one of them is missing."""
+    """Each row's (slope_6h, slope_prev_6h) from the same GPU's rows exactly 1-11 hours
+    before it (``ts``, ``gpu_uuid``, ``gpu_temp_resid_1h``; any grid spacing, rows in any
+    order); NaN where one of them is missing."""
     n = table.num_rows
-    gpu = np.asarray(table.column("gpu_uuid").to_numpy(zero_copy_only=False), dtype=object)
-    ts = _ts(table)
-    r = _resid(table)
-    order = np.lexsort((ts, gpu))
-    g, t, v = gpu[order], ts[order], r[order]
-    hour = np.timedelta64(3600, "s")
+    gpu = table.column("gpu_uuid").combine_chunks().dictionary_encode()
+    code = np.asarray(gpu.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
+    ts = _ts(table).astype(np.int64)  # microseconds
+    span = int(ts.max() - ts.min()) + 1 if n else 1
+    key = code * (span + LAGS * 3_600_000_000) + (ts - (ts.min() if n else 0))
+    order = np.argsort(key, kind="stable")
+    keys = key[order]
+    r = _resid(table)[order]
     lagged = np.full((LAGS, n), np.nan)
-    lagged[0] = v
+    lagged[0] = r
     for k in range(1, LAGS):
-        same = (g[k:] == g[:-k]) & (t[k:] - t[:-k] == k * hour)
-        lagged[k, k:] = np.where(same, v[:-k], np.nan)
+        want = keys - k * 3_600_000_000
+        at = np.minimum(np.searchsorted(keys, want), max(n - 1, 0))
+        same = keys[at] == want if n else np.zeros(0, dtype=bool)
+        lagged[k] = np.where(same, r[at], np.nan)
     s6, s6b = slopes(lagged)
     out6, outb = np.empty(n), np.empty(n)
     out6[order], outb[order] = s6, s6b
