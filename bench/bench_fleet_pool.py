@@ -5,7 +5,8 @@
 Every fleet is simulated here (10-minute samples, fleetcare's simulator calibrated to
 Llama 3's Table 5), with seeds, sizes (96 to 512 nodes), lengths (30 to 60 days) and GPU
 mixes none of ``prior.TRAIN_FLEETS`` / ``prior.VALIDATION_FLEETS`` has, and scored by the
-prior over its whole time after a day of warm-up, on the hour (``--events``: also a minute
+prior with its thermal-ramp rule (``prior.score_fleet``, ``models.thermal_ramp``) over its
+whole time after a day of warm-up, on the hour (``--events``: also a minute
 after every urgent signal, as ``fleetcare serve`` scores, ``prior.with_event_scores``; the
 hourly-only figures are then printed beside; 0.7-1.8 s per signal here, kept beside the
 store for the next run). Nothing is

@@ -109,3 +109,15 @@ def test_the_trend_reads_a_store_rolled_up_to_the_scoring_time(store):
     s6, sb = temp_trend.latest_trend(store, live, np.arange(live.num_rows))
     k = live.column("gpu_uuid").to_pylist().index(f"G{RAMP_GPU}")
     assert s6[k] > 0.5 and sb[k] > 0.5
+
+
+def test_a_ten_minute_grid_gives_the_hourly_grids_slopes_on_the_hour(store):
+    end = T0 + dt.timedelta(hours=HOURS - 1)
+    hourly = features.gpu_features(store, T0 + dt.timedelta(hours=1), end)
+    fine = features.gpu_features(store, T0 + dt.timedelta(hours=1), end, every_s=600)
+    assert fine.num_rows > 5 * hourly.num_rows
+    (a6, ab), (b6, bb) = temp_trend.grid_trend(hourly), temp_trend.grid_trend(fine)
+    got = _by_gpu(fine, b6, end)
+    assert got == pytest.approx(_by_gpu(hourly, a6, end))
+    assert np.isfinite(list(got.values())).all()
+    assert _by_gpu(fine, bb, end) == pytest.approx(_by_gpu(hourly, ab, end))

@@ -62,16 +62,16 @@ def grid_trend(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     n = table.num_rows
     gpu = table.column("gpu_uuid").combine_chunks().dictionary_encode()
     code = np.asarray(gpu.indices.to_numpy(zero_copy_only=False), dtype=np.int64)
-    ts = _ts(table).astype(np.int64)  # microseconds
-    span = int(ts.max() - ts.min()) + 1 if n else 1
-    key = code * (span + LAGS * 3_600_000_000) + (ts - (ts.min() if n else 0))
+    ts = _ts(table).astype("datetime64[s]").astype(np.int64)  # a grid's times: seconds
+    lo = int(ts.min()) if n else 0
+    key = code * (int(ts.max()) - lo + 1 + LAGS * 3600 if n else 1) + (ts - lo)
     order = np.argsort(key, kind="stable")
     keys = key[order]
     r = _resid(table)[order]
     lagged = np.full((LAGS, n), np.nan)
     lagged[0] = r
     for k in range(1, LAGS):
-        want = keys - k * 3_600_000_000
+        want = keys - k * 3600
         at = np.minimum(np.searchsorted(keys, want), max(n - 1, 0))
         same = keys[at] == want if n else np.zeros(0, dtype=bool)
         lagged[k] = np.where(same, r[at], np.nan)
