@@ -83,3 +83,64 @@ def test_chunks_see_the_hours_of_the_chunks_before(store):
     assert got.tolist() == want.tolist()
     # the last chunk alone (two hours): without the chunks before, no lag and no hit
     assert (thermal_ramp.chunked(lambda t: np.full(t.num_rows, 0.01))(parts[1]) == 0.01).all()
+
+
+def test_one_predictor_over_two_shards_keeps_each_shards_lags(store, tmp_path):
+    # evaluate scores shards over the same time with one predictor: the second shard's
+    # chunks start earlier than the first shard's last one
+    grid = features.gpu_features(store, T0 + dt.timedelta(hours=1), END)
+    node = np.array(grid.column("node").to_pylist())
+    other = grid.set_column(grid.column_names.index("gpu_uuid"), "gpu_uuid",
+                            pa.array([f"X-{u}" for u in grid.column("gpu_uuid").to_pylist()]))
+    shards = [grid.filter(pa.array(node != "n1")), other]  # the ramp (n1) in the second
+    predict = thermal_ramp.chunked(lambda t: np.zeros(t.num_rows))
+    got = []
+    for shard in shards:  # one chunk an hour
+        s_ts = shard.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")
+        got.append(np.concatenate([predict(shard.filter(pa.array(s_ts == t)))
+                                   for t in np.unique(s_ts)]))
+    want = thermal_ramp.grid(grid).hit
+    o_ts = other.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")
+    order = np.argsort(o_ts, kind="stable")
+    assert got[1].tolist() == np.where(want[order], thermal_ramp.RISK, 0.0).tolist()
+    assert (got[1] > 0).sum() == 2                 # G5 at 12:00 and 13:00
+    assert not got[0].any()
+
+
+def test_every_place_that_scores_a_grid_applies_the_rule(store):
+    from fleetcare.models import event_replay, promotion, training
+    from fleetcare.models.model import FailureModel
+
+    model = FailureModel.from_bytes(prior.load()[0])
+    grid = features.gpu_features(store, T0 + dt.timedelta(hours=1), END)
+    hit = thermal_ramp.grid(grid).hit
+    assert hit.any()
+    plain = model.predict_proba(grid)[:, 1]
+    assert (plain[hit] < thermal_ramp.RISK).all()  # the model alone misses the ramp here
+    assert (promotion._predictor(model)(grid)[hit] >= thermal_ramp.RISK).all()
+    n = grid.num_rows
+    labels = grid.append_column("label", pa.array(np.zeros(n, bool))).append_column(
+        "node_label", pa.array(np.zeros(n, bool)))
+    seen: dict = {}
+    real = training.evaluate_scored
+
+    def spy(test, p, *a, **kw):
+        seen["p"] = p
+        return real(test, p, *a, **kw)
+
+    import unittest.mock as um
+    with um.patch.object(training, "evaluate_scored", spy):
+        training.evaluate(model, labels, np.ones(n, bool), horizon_h=24.0, every_s=3600,
+                          feature_names=model.feature_names_in_)
+    assert (seen["p"][hit] >= thermal_ramp.RISK).all()
+    rows = prior.FleetRows(prior.SimFleet("t", 3, 1, 1), labels, [],
+                           np.datetime64(END.replace(tzinfo=None), "us"))
+    fs = prior.score_fleet(rows, model)
+    at_end = fs.scores.ts == np.datetime64(END.replace(tzinfo=None), "us")
+    risk = dict(zip(fs.scores.node[at_end].tolist(), fs.scores.risk[at_end].tolist(),
+                    strict=True))
+    assert risk["t/n1"] >= thermal_ramp.RISK > risk["t/n0"]
+    ev = event_replay.event_scores(store, [(np.datetime64(
+        (END - event_replay.DELAY.astype(dt.timedelta)).replace(tzinfo=None), "us"), "n1")],
+        model, [])
+    assert ev.risk.tolist() and ev.risk[0] >= thermal_ramp.RISK

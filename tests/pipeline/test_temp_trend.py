@@ -28,7 +28,7 @@ def _temp(g: int, minutes: float, power: float) -> float:
     return 30.0 + 0.1 * power + extra + 0.3 * ((g * 7 + int(minutes) // 10) % 5 - 2)
 
 
-def fleet(store: Store) -> None:
+def fleet(store: Store, skip=lambda g, minutes: False) -> None:
     """Twelve H100s on three nodes, a sample every 10 minutes (at :05, :15, ...) for 14 h;
     power differs by GPU and hour, temperature follows it, G5 ramps, G6 steps (both
     near the fleet's mean power, where one GPU moves the fitted line least)."""
@@ -36,6 +36,8 @@ def fleet(store: Store) -> None:
     for g in range(12):
         for i in range(HOURS * 6):
             minutes = 5 + 10 * i
+            if skip(g, minutes):
+                continue
             power = 200.0 + 30 * g + 20 * ((minutes // 60 + g) % 3)
             out.append(GpuSample(
                 ts=T0 + dt.timedelta(minutes=minutes), node=f"n{g // 4}", gpu_uuid=f"G{g}",
@@ -121,3 +123,21 @@ def test_a_ten_minute_grid_gives_the_hourly_grids_slopes_on_the_hour(store):
     assert got == pytest.approx(_by_gpu(hourly, a6, end))
     assert np.isfinite(list(got.values())).all()
     assert _by_gpu(fine, bb, end) == pytest.approx(_by_gpu(hourly, ab, end))
+
+
+def test_a_gpu_silent_for_the_end_of_an_hour_has_no_lag_there(tmp_path):
+    # G2 sends nothing after 8:15: the grid does not score it at 9:00 (stale), so that
+    # hour is no lag of it, and the hour's line is fitted without it, live as on the grid
+    with Store(tmp_path / "s.duckdb") as store:
+        fleet(store, skip=lambda g, m: g == 2 and 8 * 60 + 15 < m < 9 * 60)
+        end = T0 + dt.timedelta(hours=HOURS - 1)
+        grid = features.gpu_features(store, T0 + dt.timedelta(hours=1), end)
+        g6, gb = temp_trend.grid_trend(grid)
+        live = features.latest_features(store, end)
+        l6, lb = temp_trend.latest_trend(store, live, np.arange(live.num_rows))
+        k = live.column("gpu_uuid").to_pylist().index("G2")
+        assert np.isnan(l6[k]) and np.isfinite(lb[k])  # 8-9 is lag 4 at 13:00
+        for grid_v, live_v in ((g6, l6), (gb, lb)):
+            want = _by_gpu(grid, grid_v, end)
+            got = dict(zip(live.column("gpu_uuid").to_pylist(), live_v.tolist(), strict=True))
+            assert got == pytest.approx(want, nan_ok=True)

@@ -22,6 +22,7 @@ probability, like the model's, over the same horizon.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 import numpy as np
@@ -32,6 +33,8 @@ from fleetcare.pipeline.store import Store
 
 __all__ = ["RESID_C", "RISK", "SLOPE_C_H", "SLOPE_PREV_C_H", "Ramp", "chunked", "grid", "raised",
            "live", "reason"]
+
+log = logging.getLogger(__name__)
 
 RESID_C = 5.0
 SLOPE_C_H = 0.5
@@ -89,8 +92,11 @@ def chunked(predict: Callable[[pa.Table], np.ndarray]) -> Callable[[pa.Table], n
 
     def run(table: pa.Table) -> np.ndarray:
         p = predict(table)
-        if (table.num_rows == 0 or "gpu_uuid" not in table.column_names
-                or "gpu_temp_resid_1h" not in table.column_names):
+        if table.num_rows == 0:
+            return p
+        if "gpu_uuid" not in table.column_names or "gpu_temp_resid_1h" not in table.column_names:
+            log.warning("thermal_ramp.no_residual: rows without gpu_uuid or gpu_temp_resid_1h "
+                        "are scored without the thermal-ramp rule that scoring applies")
             return p
         cur = pa.table({
             "ts": table.column("ts").cast(pa.timestamp("us")),
@@ -98,8 +104,11 @@ def chunked(predict: Callable[[pa.Table], np.ndarray]) -> Callable[[pa.Table], n
             "gpu_temp_resid_1h": table.column("gpu_temp_resid_1h").cast(pa.float64())})
         both = pa.concat_tables([*tail, cur])
         hit = grid(both).hit[both.num_rows - cur.num_rows:]
+        # the rows this chunk's successors may lag into; another shard's or pass's chunk
+        # may start earlier than the one before, so the cut is this chunk's own newest row
         ts = both.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")
-        tail[:] = [both.filter(pa.array(ts > ts.max() - keep))]
+        newest = cur.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]").max()
+        tail[:] = [both.filter(pa.array(ts > newest - keep))]
         return raised(p, hit)
 
     return run

@@ -18,8 +18,11 @@ The same numbers two ways:
 - ``latest_trend(store, table, gpus)``: live, for rows of ``latest_features``: lag 0 is
   the row's own ``gpu_temp_resid_1h``; lag ``k`` (1-11) is the residual of the full
   hour ``[T - (k+1) h, T - k h)`` (``T``: the hour of the scoring time), fitted over the
-  hour's GPUs of each model as the grid's peer fit is. On the hour both agree exactly
-  (``tests/pipeline/test_temp_trend.py``).
+  hour's GPUs of each model as the grid's peer fit is (those that reported in the hour's
+  last ``STALE_AFTER``). On the hour both agree exactly
+  (``tests/pipeline/test_temp_trend.py``). Off the hour, lag 0 is the row's own window
+  ``[T - 1 h, at]``, as every live feature's: a ramp's newest slope reads up to ~7 %
+  steeper at the end of an hour than on it.
 """
 
 from __future__ import annotations
@@ -81,9 +84,10 @@ def grid_trend(table: pa.Table) -> tuple[np.ndarray, np.ndarray]:
     return out6, outb
 
 
-def _hourly_sql(source: str, lo: str, hi: str, gpus: str) -> str:
+def _hourly_sql(source: str, lo: str, hi: str, gpus: str, stale_s: int) -> str:
     """The residual of ``gpus``' full hours in ``[lo, hi)``, each hour's line fitted
-    over every GPU of the same model that reported in it (``features``' peer fit)."""
+    over the GPUs of the same model the grid scores at the hour's end (``features``'
+    peer fit: those that reported within ``stale_s`` before it)."""
     return f"""
 WITH h AS (
   SELECT gpu_uuid, hour, arg_max(model, gpu_temp_n) AS model,
@@ -91,6 +95,7 @@ WITH h AS (
     sum(power_sum) / nullif(sum(power_n), 0) AS p
   FROM {source} WHERE hour >= {lo} AND hour < {hi}
   GROUP BY gpu_uuid, hour
+  HAVING max(last_ts) >= hour + INTERVAL 1 HOUR - INTERVAL {stale_s} SECOND
 ),
 fit AS (
   SELECT hour, model, regr_slope(t, p) AS b, regr_intercept(t, p) AS a, avg(t) AS m
@@ -123,11 +128,13 @@ def latest_trend(store: Store, table: pa.Table, gpus: Sequence[int] | np.ndarray
              table.column("gpu_uuid").take(pa.array(rows)).to_pylist()]
     cur = store.cursor()
     try:
-        source = f._source(store, cur, at, exact=True)  # what latest_features reads
+        # only the full hours before T - 1 h: the stored rollup once it reaches there
+        source = f._source(store, cur, top - dt.timedelta(hours=1), exact=False)
         cur.register("fc_trend_gpus", pa.table({"gpu_uuid": pa.array(uuids, pa.string())}))
         lo = f._lit(top - dt.timedelta(hours=LAGS))
         hi = f._lit(top - dt.timedelta(hours=1))
-        got = cur.sql(_hourly_sql(source, lo, hi, "fc_trend_gpus")).to_arrow_table()
+        got = cur.sql(_hourly_sql(source, lo, hi, "fc_trend_gpus",
+                                  int(f.STALE_AFTER.total_seconds()))).to_arrow_table()
     finally:
         cur.close()
     pos = {u: k for k, u in enumerate(uuids)}
