@@ -117,7 +117,6 @@ def test_every_place_that_scores_a_grid_applies_the_rule(store):
     assert hit.any()
     plain = model.predict_proba(grid)[:, 1]
     assert (plain[hit] < thermal_ramp.RISK).all()  # the model alone misses the ramp here
-    assert (promotion._predictor(model)(grid)[hit] >= thermal_ramp.RISK).all()
     n = grid.num_rows
     labels = grid.append_column("label", pa.array(np.zeros(n, bool))).append_column(
         "node_label", pa.array(np.zeros(n, bool)))
@@ -125,7 +124,7 @@ def test_every_place_that_scores_a_grid_applies_the_rule(store):
     real = training.evaluate_scored
 
     def spy(test, p, *a, **kw):
-        seen["p"] = p
+        seen["keys"], seen["p"] = test, p
         return real(test, p, *a, **kw)
 
     import unittest.mock as um
@@ -133,6 +132,16 @@ def test_every_place_that_scores_a_grid_applies_the_rule(store):
         training.evaluate(model, labels, np.ones(n, bool), horizon_h=24.0, every_s=3600,
                           feature_names=model.feature_names_in_)
     assert (seen["p"][hit] >= thermal_ramp.RISK).all()
+    # the promotion check: its rows are those whose one-hour label is known by the end
+    with um.patch.object(training, "evaluate_scored", spy):
+        promotion.evaluate_on_period(store, {"m": model}, T0 + dt.timedelta(hours=1), END,
+                                     horizon_h=1.0, every_s=3600)
+    ramping = {(g, t) for g, t, h in zip(grid.column("gpu_uuid").to_pylist(),
+                                         grid.column("ts").to_pylist(), hit, strict=True) if h}
+    got = [(g, t) in ramping for g, t in zip(seen["keys"].column("gpu_uuid").to_pylist(),
+                                              seen["keys"].column("ts").to_pylist(), strict=True)]
+    assert any(got)
+    assert (seen["p"][np.array(got)] >= thermal_ramp.RISK).all()
     rows = prior.FleetRows(prior.SimFleet("t", 3, 1, 1), labels, [],
                            np.datetime64(END.replace(tzinfo=None), "us"))
     fs = prior.score_fleet(rows, model)

@@ -338,12 +338,11 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
     for f in train:  # fitted: the rows are not held while the test period is read
         f.fit.train, f.fit.cal = f.fit.train.slice(0, 0), f.fit.cal.slice(0, 0)
     predictors: dict[str, dataset.Predict] = {  # fleetcare's with its thermal-ramp rule
-        "model": thermal_ramp.chunked(lambda t: model.predict_proba(t)[:, 1]),
+        "model": thermal_ramp.predictor(model),
         "logistic": lambda t: logit.predict_proba(t)[:, 1]}
     shipped = _shipped_prior(cfg)
     if shipped is not None:
-        predictors["prior"] = thermal_ramp.chunked(
-            lambda t: shipped[0].predict_proba(t)[:, 1])
+        predictors["prior"] = thermal_ramp.predictor(shipped[0])
     say("scoring the test period" + (" (model, logistic, fleet prior)" if shipped else ""))
     tp = _test_period(test, predictors)
     failures = tp.failures
@@ -381,8 +380,7 @@ def _evaluate(train: Sequence[Fleet], test: Sequence[Fleet], cfg: EvalConfig, sa
         return G.pack_jobs(nodes, cfg.job_sizes, gpus_per_node=cost.gpus_per_node,
                            checkpoint_interval_h=cost.checkpoint_interval_h, seed=cfg.seed)
 
-    s_cal, cal_keys = _cal_scores(train, thermal_ramp.chunked(  # a pass of its own
-        lambda t: model.predict_proba(t)[:, 1]))
+    s_cal, cal_keys = _cal_scores(train, thermal_ramp.predictor(model))  # a pass of its own
     s_cal, _ = _with_head(s_cal, head, train, "cal")
     cal_jobs = jobs_of(cal_keys)
     c0 = s_cal.ts.min() if len(s_cal.ts) else start

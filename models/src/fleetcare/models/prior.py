@@ -668,7 +668,7 @@ def event_scores_path(workdir: str | Path, fleet: SimFleet, model: FailureModel,
 def _replay_code() -> str:
     """A digest of the code event scores come from (live features, triggers, replay):
     kept event scores made by other code are replayed again."""
-    from fleetcare.models import event_replay, thermal_ramp
+    from fleetcare.models import event_replay
     from fleetcare.pipeline import feature_defs, features, live_features, rollup, temp_trend, urgent
 
     h = hashlib.sha256()

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from fleetcare.models import registry, training
+from fleetcare.models import registry, thermal_ramp, training
 from fleetcare.models.model import FailureModel
 from fleetcare.pipeline.store import Store
 
@@ -148,7 +148,7 @@ def evaluate_on_period(store: Store, models: dict[str, FailureModel], start: dt.
         dataset.chunks(store, start, end, every_s=every_s, horizon_h=horizon_h,
                        chunk=dataset.chunk_for(gpus, every_s), say=say,
                        names=sorted({n for m in models.values() for n in m.feature_names_in_})),
-        {name: _predictor(model) for name, model in models.items()},
+        {name: thermal_ramp.predictor(model) for name, model in models.items()},
         keep=known)
     every = np.ones(scored.num_rows, dtype=bool)
     return {name: training.evaluate_scored(scored.keys, scored.p[name], every,
@@ -165,13 +165,6 @@ def _network(model: FailureModel, store: Store, start: dt.datetime, end: dt.date
 
     head = model.network_head_
     return None if head is None else network_head.adjuster(head, [(store, start, end, "")])
-
-
-def _predictor(model: FailureModel) -> Callable[[pa.Table], np.ndarray]:
-    """The model's risks as scoring gives them: with the thermal-ramp rule beside it."""
-    from fleetcare.models import thermal_ramp
-
-    return thermal_ramp.chunked(lambda t: model.predict_proba(t)[:, 1])
 
 
 def consider(store: Store, new_model_id: str, *, force: bool = False,

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +33,7 @@ from fleetcare.pipeline import temp_trend
 from fleetcare.pipeline.store import Store
 
 __all__ = ["RESID_C", "RISK", "SLOPE_C_H", "SLOPE_PREV_C_H", "Ramp", "chunked", "grid", "raised",
-           "live", "reason"]
+           "live", "predictor", "reason"]
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +113,18 @@ def chunked(predict: Callable[[pa.Table], np.ndarray]) -> Callable[[pa.Table], n
         return raised(p, hit)
 
     return run
+
+
+class Classifier(Protocol):
+    """What ``predictor`` needs of a model: scikit-learn's ``predict_proba``."""
+
+    def predict_proba(self, table: pa.Table) -> np.ndarray: ...
+
+
+def predictor(model: Classifier) -> Callable[[pa.Table], np.ndarray]:
+    """``model``'s failure probabilities as scoring gives them, with the rule beside it,
+    for a grid's rows in consecutive time chunks (``chunked``; one per pass)."""
+    return chunked(lambda t: model.predict_proba(t)[:, 1])
 
 
 def live(store: Store, table: pa.Table) -> Ramp:

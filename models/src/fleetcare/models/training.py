@@ -376,8 +376,8 @@ def _fit_and_score(fit_tables: Iterable[pa.Table], test_tables: Iterable[pa.Tabl
         ts = ts_column(t)
         return (ts >= b2) & (ts <= end)
 
-    scored = dataset.score(test_tables, {"model": thermal_ramp.chunked(
-        lambda t: model.predict_proba(t)[:, 1])}, keep=in_test)
+    scored = dataset.score(test_tables, {"model": thermal_ramp.predictor(model)},
+                           keep=in_test)
     ts = ts_column(scored.keys) if scored.num_rows else np.zeros(0, "datetime64[us]")
     metrics = evaluate_scored(scored.keys, scored.p["model"], np.asarray(ts + H <= last),
                               horizon_h=horizon_h, every_s=every_s, window_h=window_h,
