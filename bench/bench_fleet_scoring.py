@@ -23,6 +23,9 @@ tick's rows per GPU (count, sums, maxima, last value: what a rollup of them must
 least read), and LightGBM's ``predict`` alone on the same float32 matrix that scoring
 builds. Peak RSS is the process's high-water mark over the whole run, and over the
 steady cycles alone (``/proc/self/clear_refs`` resets the mark before them).
+``thermal_ramp_s``: the thermal-ramp rule's live read (``thermal_ramp.live``, a part of
+``score``) timed again on its own after each cycle; ``trend_gpus``: the GPUs it read the
+trend of (0 and 0 s for code before the rule).
 
     .venv/bin/python bench/bench_fleet_scoring.py [--nodes 12500] [--hours 168]
         [--interval 3600] [--tick 300] [--cycles 6]     # ~8 min, peak ~3.7 GB
@@ -75,6 +78,10 @@ try:
     from fleetcare.pipeline import live_features
 except ImportError:  # code before live_features (PYTHONPATH at another checkout's sources)
     live_features = None  # type: ignore[assignment]
+try:
+    from fleetcare.models import thermal_ramp
+except ImportError:  # code before the thermal-ramp rule
+    thermal_ramp = None  # type: ignore[assignment]
 
 
 def _base_builds() -> int:
@@ -126,6 +133,16 @@ def _rollup_ceiling(store: Store, after: dt.datetime) -> float:
         "arg_max(pcie_replay_count, ts), arg_max(nvlink_crc_flit_total, ts) "
         "FROM telemetry WHERE ts > ? GROUP BY gpu_uuid", [after]).fetchall()
     return time.perf_counter() - t0
+
+
+def _ramp(store: Store, feats: Any) -> tuple[float, int]:
+    """The thermal-ramp rule's live read alone (a part of ``score``), in seconds, and the
+    GPUs whose trend it read (those at least ``RESID_C`` over their power's prediction)."""
+    if thermal_ramp is None:
+        return 0.0, 0
+    t0 = time.perf_counter()
+    ramp = thermal_ramp.live(store, feats)
+    return time.perf_counter() - t0, int((ramp.resid >= thermal_ramp.RESID_C).sum())
 
 
 def _predict_ceiling(store: Store, feats: Any) -> float:
@@ -187,13 +204,14 @@ def main() -> None:
             row["new_samples"] = new
             row["rollup_ceiling_s"] = _rollup_ceiling(big, t - dt.timedelta(microseconds=1))
             row["predict_ceiling_s"] = _predict_ceiling(big, feats)
+            row["thermal_ramp_s"], row["trend_gpus"] = _ramp(big, feats)
             row["prepare_s"] = _prepare_next(big)
             steady.append(row)
             t += dt.timedelta(seconds=args.tick)
         steady_hwm = _hwm_mib()
         big.close()
     keys = ("refresh_s", "latest_features_s", "score_s", "cycle_s", "ingest_s",
-            "rollup_ceiling_s", "predict_ceiling_s", "refresh_cpu_s", "latest_features_cpu_s",
+            "rollup_ceiling_s", "predict_ceiling_s", "thermal_ramp_s", "refresh_cpu_s", "latest_features_cpu_s",
             "score_cpu_s", "cycle_cpu_s")
     med = {k: _median(steady, k) for k in keys}
     split = {}
@@ -208,6 +226,8 @@ def main() -> None:
         "tick_s": args.tick,
         "steady_median": med, "steady_cycles": len(steady), **split,
         "new_samples_per_cycle": steady[0]["new_samples"],
+        "trend_gpus": steady[0]["trend_gpus"],
+        "thermal_ramp_s_each": [round(r["thermal_ramp_s"], 3) for r in steady],
         "steady_cycle_s_each": [round(r["cycle_s"], 3) for r in steady],
         "steady_cycle_cpu_s_each": [round(r["cycle_cpu_s"], 3) for r in steady],
         "prepare_s_each": [round(r["prepare_s"], 3) for r in steady],

@@ -141,3 +141,39 @@ def test_a_gpu_silent_for_the_end_of_an_hour_has_no_lag_there(tmp_path):
             want = _by_gpu(grid, grid_v, end)
             got = dict(zip(live.column("gpu_uuid").to_pylist(), live_v.tolist(), strict=True))
             assert got == pytest.approx(want, nan_ok=True)
+
+
+def test_kept_hours_give_the_same_slopes_and_only_new_or_changed_hours_are_computed(
+        store, monkeypatch):
+    # every hour's residuals are kept (temp_trend.HOURS): an hour is computed again only
+    # when it is new (the next scoring hour) or its rows changed (late telemetry rolled
+    # into it); the slopes equal a computation from nothing each time
+    kept = temp_trend._Hours()
+
+    def trend(at: dt.datetime, hours: temp_trend._Hours) -> tuple[list[str], np.ndarray]:
+        monkeypatch.setattr(temp_trend, "HOURS", hours)
+        live = features.latest_features(store, at)
+        return (live.column("gpu_uuid").to_pylist(),
+                np.stack(temp_trend.latest_trend(store, live, np.arange(live.num_rows))))
+
+    def same_as_fresh(at: dt.datetime, built: int) -> np.ndarray:
+        gpus, got = trend(at, kept)
+        assert kept.built == built
+        fresh_gpus, fresh = trend(at, temp_trend._Hours())
+        assert gpus == fresh_gpus and np.isfinite(got).sum() > 12
+        assert np.allclose(got, fresh, rtol=0, atol=1e-9, equal_nan=True)  # sums in any order
+        return got
+
+    noon, one = T0 + dt.timedelta(hours=12), T0 + dt.timedelta(hours=13)
+    same_as_fresh(noon, 11)                           # 0:00 .. 10:00: lags 11 .. 1
+    same_as_fresh(noon + dt.timedelta(minutes=20), 11)  # within the hour: none
+    before = same_as_fresh(one, 12)                   # 11:00, newly complete
+
+    # G3 sends an hour-old sample late, much hotter: the hour 5:00 changes, only it
+    store.insert_sample_records([GpuSample(
+        ts=T0 + dt.timedelta(hours=5, minutes=30), node="n0", gpu_uuid="G3", gpu_index=3,
+        pci_bus_id="00000000:13:00.0", model="H100", gpu_temp_c=95.0, power_w=290.0)])
+    features.refresh(store)
+    after = same_as_fresh(one, 13)
+    k = trend(one, kept)[0].index("G3")
+    assert after[1, k] != pytest.approx(before[1, k])  # 5:00 is lag 7: slope_prev_6h
