@@ -132,10 +132,13 @@ def test_every_place_that_scores_a_grid_applies_the_rule(store):
         training.evaluate(model, labels, np.ones(n, bool), horizon_h=24.0, every_s=3600,
                           feature_names=model.feature_names_in_)
     assert (seen["p"][hit] >= thermal_ramp.RISK).all()
-    # the promotion check: its rows are those whose one-hour label is known by the end
+    # the promotion check from 12:00 (its rows: those whose one-hour label is known by
+    # the end, 12:00 only): the ramp's lags are the eleven hours before its period
     with um.patch.object(training, "evaluate_scored", spy):
-        promotion.evaluate_on_period(store, {"m": model}, T0 + dt.timedelta(hours=1), END,
+        promotion.evaluate_on_period(store, {"m": model}, T0 + dt.timedelta(hours=12), END,
                                      horizon_h=1.0, every_s=3600)
+    assert set(seen["keys"].column("ts").to_pylist()) == {
+        (T0 + dt.timedelta(hours=12)).replace(tzinfo=None)}
     ramping = {(g, t) for g, t, h in zip(grid.column("gpu_uuid").to_pylist(),
                                          grid.column("ts").to_pylist(), hit, strict=True) if h}
     got = [(g, t) in ramping for g, t in zip(seen["keys"].column("gpu_uuid").to_pylist(),
@@ -153,3 +156,45 @@ def test_every_place_that_scores_a_grid_applies_the_rule(store):
         (END - event_replay.DELAY.astype(dt.timedelta)).replace(tzinfo=None), "us"), "n1")],
         model, [])
     assert ev.risk.tolist() and ev.risk[0] >= thermal_ramp.RISK
+
+
+def test_a_pass_that_keeps_its_period_reads_the_lags_from_the_hours_before():
+    # a pass scores from 12:00 (train's, evaluate's test and calibration periods, the
+    # promotion check): it reads from dataset.lead_in, and the rows score drops are
+    # shown to the rule, which then has the ramp's lags at 12:00
+    from fleetcare.models import dataset
+
+    noon = T0 + dt.timedelta(hours=12)
+    assert dataset.lead_in(noon, 3600) == noon - dt.timedelta(hours=11)
+    assert dataset.lead_in(noon, 600) == noon - dt.timedelta(hours=11)
+    assert dataset.lead_in(noon, 7 * 3600) == noon - dt.timedelta(hours=7)
+    assert dataset.lead_in(noon, 3600, floor=(noon - dt.timedelta(hours=3)).replace(
+        tzinfo=None)) == noon - dt.timedelta(hours=3)   # not before the data's start
+    assert dataset.lead_in(noon, 3600, floor=noon + dt.timedelta(hours=1)) == noon
+    with Store(":memory:") as store:
+        fleet(store)
+        grid = features.gpu_features(store, dataset.lead_in(noon, 3600, floor=T0), END)
+    assert grid.num_rows
+    at_noon = np.datetime64(noon.replace(tzinfo=None), "us")
+    hit = thermal_ramp.grid(grid).hit & (features_ts(grid) == at_noon)
+    assert hit.any()
+
+    def from_noon(t: pa.Table) -> np.ndarray:
+        return features_ts(t) >= at_noon
+
+    scored = dataset.score([grid], {"m": thermal_ramp.chunked(lambda t: np.zeros(t.num_rows))},
+                           keep=from_noon)
+    assert (features_ts(scored.keys) >= at_noon).all()
+    keys = zip(scored.keys.column("gpu_uuid").to_pylist(), features_ts(scored.keys).tolist(),
+               strict=True)
+    by_key = dict(zip(keys, scored.p["m"].tolist(), strict=True))
+    want = {(g, t) for g, t, h in zip(grid.column("gpu_uuid").to_pylist(),
+                                       features_ts(grid).tolist(), hit, strict=True) if h}
+    assert want and all(by_key[k] >= thermal_ramp.RISK for k in want)
+    # a predictor without ``see`` is not shown them: the plain chunked rule at 12:00 alone
+    alone = thermal_ramp.chunked(lambda t: np.zeros(t.num_rows))
+    assert not alone(grid.filter(pa.array(from_noon(grid)))).any()
+
+
+def features_ts(table: pa.Table) -> np.ndarray:
+    return table.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")

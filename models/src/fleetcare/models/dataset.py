@@ -52,6 +52,7 @@ import pyarrow as pa
 
 from fleetcare.models import metrics as M
 from fleetcare.models import training as T
+from fleetcare.pipeline import temp_trend
 
 Progress = Callable[[str], None]
 CHUNK = dt.timedelta(days=8)
@@ -356,20 +357,55 @@ class Scored:
         return self.keys.num_rows
 
 
+def lead_in(start: dt.datetime, every_s: int, *, floor: dt.datetime | None = None
+            ) -> dt.datetime:
+    """Where a pass that scores from ``start`` reads rows from, so that a predictor that
+    reads each GPU's earlier rows (``thermal_ramp.chunked``: ``temp_trend.LAGS - 1`` hours
+    back) has them at ``start`` too: the earliest grid time ``start - k * every_s``
+    within those hours, not before ``floor``. The pass then keeps only rows from
+    ``start`` (``score``'s ``keep``; the others are shown to such a predictor)."""
+    back = dt.timedelta(hours=temp_trend.LAGS - 1)
+    if floor is not None:
+        if (floor.tzinfo is None) != (start.tzinfo is None):  # naive: UTC, as stored
+            floor = (floor.replace(tzinfo=dt.UTC) if floor.tzinfo is None
+                     else floor.astimezone(dt.UTC).replace(tzinfo=None))
+        back = min(back, max(start - floor, dt.timedelta(0)))
+    step = dt.timedelta(seconds=every_s)
+    return start - (back // step) * step
+
+
 def score(tables: Iterable[pa.Table], predictors: Mapping[str, Predict],
           keep: Callable[[pa.Table], np.ndarray] | None = None) -> Scored:
     """Every table's rows (those ``keep`` selects, default all) scored by each predictor, one
-    table at a time: only keys, labels and probabilities are kept."""
+    table at a time: only keys, labels and probabilities are kept. A predictor with a
+    ``see(table)`` method is shown the rows ``keep`` drops, in time order with the rows it
+    scores (those before a table's first kept row before them, the rest after): a rule
+    over each GPU's earlier rows takes its lags from them (``lead_in``)."""
     keys: list[pa.Table] = []
     ps: dict[str, list[np.ndarray]] = {k: [] for k in predictors}
+    seers = [see for fn in predictors.values() if (see := getattr(fn, "see", None))]
+
+    def show(rows: pa.Table) -> None:
+        if rows.num_rows:
+            for see in seers:
+                see(rows)
+
     for t in tables:
+        later = None
         if keep is not None:
-            t = t.filter(pa.array(keep(t)))
-        if t.num_rows == 0:
-            continue
-        keys.append(keys_of(t))
-        for name, fn in predictors.items():
-            ps[name].append(np.asarray(fn(t), dtype=np.float64))
+            mask = np.asarray(keep(t), dtype=bool)
+            if seers and not mask.all():
+                ts = T.ts_column(t)
+                before = ~mask & (ts < ts[mask].min()) if mask.any() else ~mask
+                show(t.filter(pa.array(before)))
+                later = t.filter(pa.array(~mask & ~before))
+            t = t.filter(pa.array(mask))
+        if t.num_rows:
+            keys.append(keys_of(t))
+            for name, fn in predictors.items():
+                ps[name].append(np.asarray(fn(t), dtype=np.float64))
+        if later is not None:
+            show(later)
     return Scored(pa.concat_tables(keys) if keys else pa.table({}),
                   {k: np.concatenate(v) if v else np.zeros(0) for k, v in ps.items()})
 
@@ -392,7 +428,8 @@ def fit_rows(tables: Iterable[pa.Table], *, cal_start: np.datetime64, test_start
     """Training rows ``[start, cal_start)`` and calibration rows ``[cal_start, test_start)``
     whose label window ends inside their period, minus each failure's aftermath, healthy rows
     sampled at ``negatives`` (``sample``); with ``keep_cal`` every calibration-period row too
-    (aftermath and unknown labels included: alarms need no label)."""
+    (aftermath and unknown labels included: alarms need no label), and the rows of the
+    ``temp_trend.LAGS - 1`` hours before it (``lead_in``: drop them when scoring)."""
     train, cal = [], []
     cal_all = Spill() if keep_cal else None
     for t in tables:
@@ -404,7 +441,8 @@ def fit_rows(tables: Iterable[pa.Table], *, cal_start: np.datetime64, test_start
         cal.append(sample(t, (ts >= cal_start) & (ts + horizon <= test_start) & ok,
                           negatives=negatives, seed=seed + 1))
         if cal_all is not None:
-            cal_all.add(t.filter(pa.array((ts >= cal_start) & (ts < test_start))))
+            lead = cal_start - np.timedelta64((temp_trend.LAGS - 1) * 3600, "s")
+            cal_all.add(t.filter(pa.array((ts >= lead) & (ts < test_start))))
     return FitRows(_concat(train), _concat(cal), negatives, cal_all)
 
 

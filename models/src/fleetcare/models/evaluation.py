@@ -87,11 +87,12 @@ class Fleet:
         end = _np(self.splits.end)
         if self.test_from > self.splits.end:
             return dataset.score((), predictors)
-        tables = dataset.chunks(self.store, self.test_from, self.splits.end,
-                                every_s=self.every_s, horizon_h=self.horizon_h,
-                                chunk=self.chunk)
+        first = _np(self.test_from)
+        tables = dataset.chunks(
+            self.store, dataset.lead_in(self.test_from, self.every_s, floor=self.splits.start),
+            self.splits.end, every_s=self.every_s, horizon_h=self.horizon_h, chunk=self.chunk)
         return dataset.score((_prefixed(t, self.shard) for t in tables), predictors,
-                             keep=lambda t: T.ts_column(t) <= end)
+                             keep=lambda t: (T.ts_column(t) >= first) & (T.ts_column(t) <= end))
 
     def known(self, keys: pa.Table) -> np.ndarray:
         """Rows of ``keys`` whose label is known (their horizon ends inside the data)."""
@@ -248,11 +249,17 @@ def _cal_scores(fleets: Sequence[Fleet], predict: dataset.Predict
         spill = f.fit.cal_all
         if spill is None or spill.num_rows == 0:
             continue
-        s = dataset.score(spill.tables(), {"p": predict})
+        s = dataset.score(spill.tables(), {"p": predict}, keep=_from(f.splits.cal_start))
         ones = np.ones(s.num_rows, dtype=bool)
         parts.append(node_scores(s.keys, ones, s.p["p"]))
         keys.append(s.keys)
     return _joined(parts), dataset._concat(keys)
+
+
+def _from(start: dt.datetime) -> Callable[[pa.Table], np.ndarray]:
+    """A pass's ``keep`` from ``start`` on (the rows before give the rule's lags)."""
+    first = _np(start)
+    return lambda t: T.ts_column(t) >= first
 
 
 def _spans(fleets: Sequence[Fleet], period: str

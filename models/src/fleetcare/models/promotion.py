@@ -130,8 +130,8 @@ def evaluate_on_period(store: Store, models: dict[str, FailureModel], start: dt.
     from fleetcare.models import dataset
 
     say = progress or (lambda _msg: None)
-    hi = store.raw.bounds(store.cursor())[1]
-    if hi is None:
+    lo, hi = store.raw.bounds(store.cursor())
+    if lo is None or hi is None:
         raise training.TrainError("the store has no telemetry to compare models on")
     if origin is not None and origin < start:
         steps = -(-(start - origin) // dt.timedelta(seconds=every_s))  # ceil
@@ -141,11 +141,13 @@ def evaluate_on_period(store: Store, models: dict[str, FailureModel], start: dt.
         f"scoring {', '.join(models)}")
     H = np.timedelta64(int(round(horizon_h * 3600)), "s")
 
-    def known(t: pa.Table) -> np.ndarray:
-        return np.asarray(training.ts_column(t) + H <= _np_ts(hi), dtype=bool)
+    def known(t: pa.Table) -> np.ndarray:  # and from start: the rows before give lags
+        ts = training.ts_column(t)
+        return np.asarray((ts + H <= _np_ts(hi)) & (ts >= _np_ts(start)), dtype=bool)
 
     scored = dataset.score(
-        dataset.chunks(store, start, end, every_s=every_s, horizon_h=horizon_h,
+        dataset.chunks(store, dataset.lead_in(start, every_s, floor=lo), end, every_s=every_s,
+                       horizon_h=horizon_h,
                        chunk=dataset.chunk_for(gpus, every_s), say=say,
                        names=sorted({n for m in models.values() for n in m.feature_names_in_})),
         {name: thermal_ramp.predictor(model) for name, model in models.items()},

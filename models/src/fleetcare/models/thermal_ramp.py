@@ -87,32 +87,53 @@ def chunked(predict: Callable[[pa.Table], np.ndarray]) -> Callable[[pa.Table], n
     """``predict`` with the rule's floor, for a grid's rows that come as consecutive time
     chunks (``dataset.score``: ``train``, ``evaluate``, the promotion check): each chunk's
     lags reach into the rows of the chunks before it (the last ``temp_trend.LAGS`` hours
-    are kept). Make one per pass over the rows."""
-    tail: list[pa.Table] = []
-    keep = np.timedelta64(temp_trend.LAGS * 3600, "s")
+    are kept), and into the rows ``dataset.score`` passes over (its ``see``: a pass
+    starts ``dataset.lead_in`` before its period, so the period's first hours have
+    their lags too). Make one per pass over the rows."""
+    return _Chunked(predict)
 
-    def run(table: pa.Table) -> np.ndarray:
-        p = predict(table)
-        if table.num_rows == 0:
-            return p
+
+class _Chunked:
+    def __init__(self, predict: Callable[[pa.Table], np.ndarray]) -> None:
+        self._predict = predict
+        self._tail: list[pa.Table] = []
+
+    @staticmethod
+    def _narrow(table: pa.Table) -> pa.Table | None:
         if "gpu_uuid" not in table.column_names or "gpu_temp_resid_1h" not in table.column_names:
-            log.warning("thermal_ramp.no_residual: rows without gpu_uuid or gpu_temp_resid_1h "
-                        "are scored without the thermal-ramp rule that scoring applies")
-            return p
-        cur = pa.table({
+            return None
+        return pa.table({
             "ts": table.column("ts").cast(pa.timestamp("us")),
             "gpu_uuid": table.column("gpu_uuid").cast(pa.string()),
             "gpu_temp_resid_1h": table.column("gpu_temp_resid_1h").cast(pa.float64())})
-        both = pa.concat_tables([*tail, cur])
-        hit = grid(both).hit[both.num_rows - cur.num_rows:]
+
+    def _remember(self, both: pa.Table, cur: pa.Table) -> None:
         # the rows this chunk's successors may lag into; another shard's or pass's chunk
         # may start earlier than the one before, so the cut is this chunk's own newest row
+        keep = np.timedelta64(temp_trend.LAGS * 3600, "s")
         ts = both.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]")
         newest = cur.column("ts").to_numpy(zero_copy_only=False).astype("datetime64[us]").max()
-        tail[:] = [both.filter(pa.array(ts > newest - keep))]
-        return raised(p, hit)
+        self._tail[:] = [both.filter(pa.array(ts > newest - keep))]
 
-    return run
+    def see(self, table: pa.Table) -> None:
+        """Rows not scored, held as the lags of the rows after them."""
+        cur = self._narrow(table) if table.num_rows else None
+        if cur is not None:
+            self._remember(pa.concat_tables([*self._tail, cur]), cur)
+
+    def __call__(self, table: pa.Table) -> np.ndarray:
+        p = self._predict(table)
+        if table.num_rows == 0:
+            return p
+        cur = self._narrow(table)
+        if cur is None:
+            log.warning("thermal_ramp.no_residual: rows without gpu_uuid or gpu_temp_resid_1h "
+                        "are scored without the thermal-ramp rule that scoring applies")
+            return p
+        both = pa.concat_tables([*self._tail, cur])
+        hit = grid(both).hit[both.num_rows - cur.num_rows:]
+        self._remember(both, cur)
+        return raised(p, hit)
 
 
 class Classifier(Protocol):

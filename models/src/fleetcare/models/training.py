@@ -479,8 +479,9 @@ def train(store: Store, *, horizon_h: float = 24.0, seed: int = 0,
         f"{g.gpus} GPUs, labels at horizon {horizon_h} h, {g.chunk} at a time")
     fit_tables = dataset.chunks(store, start, g.fit_end, every_s=every_s,
                                 horizon_h=horizon_h, chunk=g.chunk, say=say)
-    test_tables = (dataset.chunks(store, g.test_from, end, every_s=every_s,
-                                  horizon_h=horizon_h, chunk=g.chunk, say=say)
+    test_tables = (dataset.chunks(store, dataset.lead_in(g.test_from, every_s, floor=start),
+                                  end, every_s=every_s, horizon_h=horizon_h, chunk=g.chunk,
+                                  say=say)
                    if g.test_from <= end else iter(()))
     head, adjust = _network_head(store, splits, g.test_from, end, window_h=M.WINDOW_H,
                                  seed=seed, say=say)
