@@ -24,8 +24,10 @@ least read), and LightGBM's ``predict`` alone on the same float32 matrix that sc
 builds. Peak RSS is the process's high-water mark over the whole run, and over the
 steady cycles alone (``/proc/self/clear_refs`` resets the mark before them).
 ``thermal_ramp_s``: the thermal-ramp rule's live read (``thermal_ramp.live``, a part of
-``score``) timed again on its own after each cycle; ``trend_gpus``: the GPUs it read the
-trend of (0 and 0 s for code before the rule).
+``score``) timed again on its own after each cycle, its hours as the cycle left them;
+``thermal_ramp_cold_s``: the same from nothing (all eleven hours computed, as the code
+before kept none; the first cycle of a new hour computes one, inside ``score_s``);
+``trend_gpus``: the GPUs it read the trend of (0 and 0 s for code before the rule).
 
     .venv/bin/python bench/bench_fleet_scoring.py [--nodes 12500] [--hours 168]
         [--interval 3600] [--tick 300] [--cycles 6]     # ~8 min, peak ~3.7 GB
@@ -80,6 +82,7 @@ except ImportError:  # code before live_features (PYTHONPATH at another checkout
     live_features = None  # type: ignore[assignment]
 try:
     from fleetcare.models import thermal_ramp
+    from fleetcare.pipeline import temp_trend
 except ImportError:  # code before the thermal-ramp rule
     thermal_ramp = None  # type: ignore[assignment]
 
@@ -135,14 +138,28 @@ def _rollup_ceiling(store: Store, after: dt.datetime) -> float:
     return time.perf_counter() - t0
 
 
-def _ramp(store: Store, feats: Any) -> tuple[float, int]:
-    """The thermal-ramp rule's live read alone (a part of ``score``), in seconds, and the
-    GPUs whose trend it read (those at least ``RESID_C`` over their power's prediction)."""
+def _ramp(store: Store, feats: Any) -> tuple[float, float | None, int]:
+    """The thermal-ramp rule's live read alone (a part of ``score``) in seconds, as the
+    cycle left it (its hours kept, where the code keeps them) and from nothing (every
+    hour computed: the first scoring after a start; None for code that keeps none), and
+    the GPUs whose trend it read (those at least ``RESID_C`` over their power's
+    prediction)."""
     if thermal_ramp is None:
-        return 0.0, 0
+        return 0.0, None, 0
     t0 = time.perf_counter()
     ramp = thermal_ramp.live(store, feats)
-    return time.perf_counter() - t0, int((ramp.resid >= thermal_ramp.RESID_C).sum())
+    warm = time.perf_counter() - t0
+    cold = None
+    kept = getattr(temp_trend, "HOURS", None)
+    if kept is not None:
+        try:
+            temp_trend.HOURS = type(kept)()
+            t0 = time.perf_counter()
+            thermal_ramp.live(store, feats)
+            cold = time.perf_counter() - t0
+        finally:
+            temp_trend.HOURS = kept
+    return warm, cold, int((ramp.resid >= thermal_ramp.RESID_C).sum())
 
 
 def _predict_ceiling(store: Store, feats: Any) -> float:
@@ -204,7 +221,9 @@ def main() -> None:
             row["new_samples"] = new
             row["rollup_ceiling_s"] = _rollup_ceiling(big, t - dt.timedelta(microseconds=1))
             row["predict_ceiling_s"] = _predict_ceiling(big, feats)
-            row["thermal_ramp_s"], row["trend_gpus"] = _ramp(big, feats)
+            row["thermal_ramp_s"], cold_ramp, row["trend_gpus"] = _ramp(big, feats)
+            if cold_ramp is not None:
+                row["thermal_ramp_cold_s"] = cold_ramp
             row["prepare_s"] = _prepare_next(big)
             steady.append(row)
             t += dt.timedelta(seconds=args.tick)
@@ -228,6 +247,8 @@ def main() -> None:
         "new_samples_per_cycle": steady[0]["new_samples"],
         "trend_gpus": steady[0]["trend_gpus"],
         "thermal_ramp_s_each": [round(r["thermal_ramp_s"], 3) for r in steady],
+        "thermal_ramp_cold_s_each": [round(r["thermal_ramp_cold_s"], 3) for r in steady
+                                     if "thermal_ramp_cold_s" in r],
         "steady_cycle_s_each": [round(r["cycle_s"], 3) for r in steady],
         "steady_cycle_cpu_s_each": [round(r["cycle_cpu_s"], 3) for r in steady],
         "prepare_s_each": [round(r["prepare_s"], 3) for r in steady],

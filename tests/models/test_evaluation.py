@@ -92,6 +92,15 @@ def test_a_fleet_in_shards_is_trained_and_measured_as_one(tmp_path):
         cfg = E.EvalConfig()
         singles = [E.load_fleet(st, cfg) for st in stores]
         tests = [f.test_rows({}) for f in singles]
+        for f, t in zip(singles, tests, strict=True):
+            # the passes read 11 h before their periods (the rule's lags), keep none of it
+            assert E._ts(t.keys).min() == E._np(f.test_from)
+            spill = f.fit.cal_all
+            assert spill is not None
+            cal_start = E._np(f.splits.cal_start)
+            assert min(E._ts(x).min() for x in spill.tables()) < cal_start
+            _, cal_keys = E._cal_scores([f], lambda x: np.zeros(x.num_rows))
+            assert cal_start <= E._ts(cal_keys).min() < cal_start + np.timedelta64(1, "h")
         report = E.evaluate_store(stores, cfg)
     finally:
         for st in stores:

@@ -379,8 +379,9 @@ def score(tables: Iterable[pa.Table], predictors: Mapping[str, Predict],
     """Every table's rows (those ``keep`` selects, default all) scored by each predictor, one
     table at a time: only keys, labels and probabilities are kept. A predictor with a
     ``see(table)`` method is shown the rows ``keep`` drops, in time order with the rows it
-    scores (those before a table's first kept row before them, the rest after): a rule
-    over each GPU's earlier rows takes its lags from them (``lead_in``)."""
+    scores (those before a table's first kept row before them, the rest after: ``keep``
+    selects a time window): a rule over each GPU's earlier rows takes its lags from them
+    (``lead_in``)."""
     keys: list[pa.Table] = []
     ps: dict[str, list[np.ndarray]] = {k: [] for k in predictors}
     seers = [see for fn in predictors.values() if (see := getattr(fn, "see", None))]

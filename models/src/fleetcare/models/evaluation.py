@@ -250,6 +250,8 @@ def _cal_scores(fleets: Sequence[Fleet], predict: dataset.Predict
         if spill is None or spill.num_rows == 0:
             continue
         s = dataset.score(spill.tables(), {"p": predict}, keep=_from(f.splits.cal_start))
+        if s.num_rows == 0:  # lead rows only: no calibration period to speak of
+            continue
         ones = np.ones(s.num_rows, dtype=bool)
         parts.append(node_scores(s.keys, ones, s.p["p"]))
         keys.append(s.keys)
