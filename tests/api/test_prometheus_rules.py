@@ -50,7 +50,7 @@ def test_rules_use_only_metrics_fleetcare_exports() -> None:
                            "actions": [("drain", "ok", 1)], "last_action": 1.0},
                           latest_telemetry_s=1.0,
                           alerts={"open": [("firing", 1)], "messages": [("dead", 0)]},
-                          network=([("n", 0.1)], 0.05))
+                          network=([("n", 0.1)], 0.05), alarm=(0.74, 3600.0))
     exported = set(re.findall(r"^# TYPE (\S+) ", text, flags=re.M))
     for rules in RULE_FILES:
         doc = yaml.safe_load((RULES / rules).read_text())

@@ -223,6 +223,27 @@ def test_metrics_export_the_network_heads_risk_of_the_newest_run(client, fleet, 
     assert "fleetcare_network_alarm_threshold 0.052\n" in text
 
 
+def test_metrics_export_the_alarm_point_of_the_newest_runs_model(client, fleet, store):
+    """For Prometheus' FleetcareNodeRiskHigh: the risk at which the model of the newest
+    run alarms and how long it must hold (the registry's metrics); none without a point."""
+    fleet.node_score("n1", 0.25)
+    text = client.get("/metrics").text
+    assert "# TYPE fleetcare_alarm_threshold gauge" in text
+    assert "\nfleetcare_alarm_threshold " not in text  # a model that names no point
+    t0 = fleet.T0 - dt.timedelta(minutes=5)
+    fleet.model("fleet-y", metrics={"threshold": 0.3})
+    fleet.model("prior-x", metrics={"threshold": 0.74, "hold_h": 1.0})
+    fleet.node_score("n1", 0.5, ts=t0, model_id="fleet-y")
+    fleet.node_score("n1", 0.8, ts=fleet.T0 + dt.timedelta(minutes=5), model_id="prior-x")
+    text = client.get("/metrics").text
+    assert "\nfleetcare_alarm_threshold 0.74\n" in text
+    assert "\nfleetcare_alarm_hold_seconds 3600.0\n" in text
+    fleet.node_score("n1", 0.5, ts=fleet.T0 + dt.timedelta(minutes=10), model_id="fleet-y")
+    text = client.get("/metrics").text
+    assert "\nfleetcare_alarm_threshold 0.3\n" in text
+    assert "\nfleetcare_alarm_hold_seconds 0.0\n" in text
+
+
 def test_an_unknown_query_parameter_is_named_not_ignored(client):
     r = client.get("/v1/risk", params={"limt": "5"})
     assert r.status_code == 422

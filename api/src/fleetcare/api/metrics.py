@@ -46,11 +46,13 @@ def render(nodes: list[dict[str, Any]], latest_score_s: float | None,
            drains: Mapping[str, Any] | None = None, *,
            latest_telemetry_s: float | None = None,
            alerts: Mapping[str, Any] | None = None, extra: str = "",
-           network: tuple[list[tuple[str, float]], float | None] | None = None) -> str:
+           network: tuple[list[tuple[str, float]], float | None] | None = None,
+           alarm: tuple[float, float] | None = None) -> str:
     """The exposition for ``nodes`` (``queries.ranked_nodes`` rows), the newest score, the
     drain controller's state (``queries.drain_stats``; omitted when None), the newest
     telemetry sample, the alerts (``queries.alert_stats``; omitted when None), the network
-    head's risks and threshold (``queries.network_risks``; omitted when None) and
+    head's risks and threshold (``queries.network_risks``; omitted when None), the scoring
+    model's operating point (risk threshold, hold in seconds; absent when None) and
     ``extra``, text already in the format (the ingest worker's counters)."""
     return "".join([
         _family(
@@ -60,6 +62,14 @@ def render(nodes: list[dict[str, Any]], latest_score_s: float | None,
             (({"node": n["node"]}, n["risk"]) for n in nodes),
         ),
         _family("fleetcare_scored_nodes", "Nodes with a risk score.", [({}, len(nodes))]),
+        _family("fleetcare_alarm_threshold",
+                "The node failure risk at which the model of the newest scoring run alarms "
+                "(its measured operating point; absent when it names none).",
+                [] if alarm is None else [({}, alarm[0])]),
+        _family("fleetcare_alarm_hold_seconds",
+                "How long the risk must hold at the threshold for the model's alarm "
+                "(0: at once; absent when it names no threshold).",
+                [] if alarm is None else [({}, alarm[1])]),
         _family(
             "fleetcare_latest_score_timestamp_seconds",
             "Unix time of the newest node score (absent before the first score).",

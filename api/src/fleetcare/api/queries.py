@@ -481,12 +481,28 @@ def network_threshold(metrics: Any) -> float | None:
     return None
 
 
-def _model_network_threshold(cur: Cursor, tables: set[str], model_id: str) -> float | None:
-    """``network_threshold`` of registered model ``model_id`` (None: unknown model)."""
+def _model_metrics(cur: Cursor, tables: set[str], model_id: str) -> Any:
+    """Registered model ``model_id``'s metrics (None: unknown model)."""
     if "models" not in tables:
         return None
     got = cur.execute("SELECT metrics FROM models WHERE model_id = ?", [model_id]).fetchone()
-    return network_threshold(parse_json(got[0], what="models.metrics") if got else None)
+    return parse_json(got[0], what="models.metrics") if got else None
+
+
+def _model_network_threshold(cur: Cursor, tables: set[str], model_id: str) -> float | None:
+    """``network_threshold`` of registered model ``model_id`` (None: unknown model)."""
+    return network_threshold(_model_metrics(cur, tables, model_id))
+
+
+def newest_run_metrics(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
+    """The registry metrics of the model that made the newest scoring run (None: no run,
+    or a model the registry does not hold): its operating point, for ``/metrics``."""
+    if "node_scores" not in tables:
+        return None
+    row = cur.execute("SELECT model_id FROM node_scores WHERE ts = (SELECT max(ts) FROM "
+                      "node_scores) LIMIT 1").fetchone()
+    got = _model_metrics(cur, tables, row[0]) if row else None
+    return got if isinstance(got, dict) else None
 
 
 def network_risks(cur: Cursor, tables: set[str]
