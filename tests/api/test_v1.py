@@ -226,22 +226,36 @@ def test_metrics_export_the_network_heads_risk_of_the_newest_run(client, fleet, 
 def test_metrics_export_the_alarm_point_of_the_newest_runs_model(client, fleet, store):
     """For Prometheus' FleetcareNodeRiskHigh: the risk at which the model of the newest
     run alarms and how long it must hold (the registry's metrics); none without a point."""
-    fleet.node_score("n1", 0.25)
+    def point(text: str) -> tuple[str | None, str | None]:
+        got = dict(line.split(" ") for line in text.splitlines()
+                   if line.startswith(("fleetcare_alarm_threshold ",
+                                       "fleetcare_alarm_hold_seconds ")))
+        return got.get("fleetcare_alarm_threshold"), got.get("fleetcare_alarm_hold_seconds")
+
+    fleet.node_score("n1", 0.25)  # model m1: not in the registry
     text = client.get("/metrics").text
-    assert "# TYPE fleetcare_alarm_threshold gauge" in text
-    assert "\nfleetcare_alarm_threshold " not in text  # a model that names no point
-    t0 = fleet.T0 - dt.timedelta(minutes=5)
-    fleet.model("fleet-y", metrics={"threshold": 0.3})
-    fleet.model("prior-x", metrics={"threshold": 0.74, "hold_h": 1.0})
-    fleet.node_score("n1", 0.5, ts=t0, model_id="fleet-y")
+    assert "# TYPE fleetcare_alarm_threshold gauge" in text and point(text) == (None, None)
+    fleet.model("fleet-y", metrics={"threshold": 0.3}, is_current=False)
+    fleet.model("prior-x", metrics={"threshold": 0.74, "hold_h": 1.0}, is_current=False)
+    fleet.model("plain", metrics={"pr_auc": 0.3}, is_current=False)
+    fleet.model("broken", metrics={"threshold": "high", "hold_h": [1]}, is_current=False)
+    fleet.model("z-current", metrics={"threshold": 0.5, "hold_h": 2.0}, is_current=True)
+    fleet.node_score("n1", 0.5, ts=fleet.T0 - dt.timedelta(minutes=5), model_id="fleet-y")
     fleet.node_score("n1", 0.8, ts=fleet.T0 + dt.timedelta(minutes=5), model_id="prior-x")
-    text = client.get("/metrics").text
-    assert "\nfleetcare_alarm_threshold 0.74\n" in text
-    assert "\nfleetcare_alarm_hold_seconds 3600.0\n" in text
+    assert point(client.get("/metrics").text) == ("0.74", "3600.0")
     fleet.node_score("n1", 0.5, ts=fleet.T0 + dt.timedelta(minutes=10), model_id="fleet-y")
-    text = client.get("/metrics").text
-    assert "\nfleetcare_alarm_threshold 0.3\n" in text
-    assert "\nfleetcare_alarm_hold_seconds 0.0\n" in text
+    assert point(client.get("/metrics").text) == ("0.3", "0.0")
+    for model_id, minutes in (("plain", 15), ("broken", 20)):  # no point, a bad one
+        fleet.node_score("n1", 0.5, ts=fleet.T0 + dt.timedelta(minutes=minutes),
+                         model_id=model_id)
+        r = client.get("/metrics")
+        assert r.status_code == 200 and point(r.text) == (None, None)
+        assert 'fleetcare_node_failure_risk{node="n1"} 0.5' in r.text
+    # two models scored the newest time (a promotion while telemetry stalled): the current
+    at = fleet.T0 + dt.timedelta(minutes=25)
+    fleet.node_score("n1", 0.5, ts=at, model_id="prior-x")
+    fleet.node_score("n2", 0.5, ts=at, model_id="z-current")
+    assert point(client.get("/metrics").text) == ("0.5", "7200.0")
 
 
 def test_an_unknown_query_parameter_is_named_not_ignored(client):

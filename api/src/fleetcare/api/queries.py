@@ -496,13 +496,35 @@ def _model_network_threshold(cur: Cursor, tables: set[str], model_id: str) -> fl
 
 def newest_run_metrics(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
     """The registry metrics of the model that made the newest scoring run (None: no run,
-    or a model the registry does not hold): its operating point, for ``/metrics``."""
+    or a model the registry does not hold); where two models scored the same newest time
+    (a promotion while telemetry stalled), the current one's, else the first by id."""
     if "node_scores" not in tables:
         return None
-    row = cur.execute("SELECT model_id FROM node_scores WHERE ts = (SELECT max(ts) FROM "
-                      "node_scores) LIMIT 1").fetchone()
+    newest = "SELECT max(ts) FROM node_scores"
+    if "models" in tables:
+        row = cur.execute(
+            "SELECT s.model_id FROM (SELECT DISTINCT model_id FROM node_scores WHERE ts = "
+            f"({newest})) s LEFT JOIN models m USING (model_id) "
+            "ORDER BY coalesce(m.is_current, false) DESC, s.model_id LIMIT 1").fetchone()
+    else:
+        row = None
     got = _model_metrics(cur, tables, row[0]) if row else None
     return got if isinstance(got, dict) else None
+
+
+def alarm_point(metrics: dict[str, Any] | None) -> tuple[float, float] | None:
+    """The (risk threshold, hold in seconds) a model's registry metrics name as its
+    operating point (``threshold``, ``hold_h``: what the alert engine's ``operating_point``
+    reads), or None: none named, or not a risk in (0, 1] with a finite hold >= 0."""
+    if metrics is None:
+        return None
+    threshold, hold_h = metrics.get("threshold"), metrics.get("hold_h") or 0.0
+    if (not isinstance(threshold, int | float) or isinstance(threshold, bool)
+            or not isinstance(hold_h, int | float) or isinstance(hold_h, bool)):
+        return None
+    if not (0.0 < threshold <= 1.0 and math.isfinite(hold_h) and hold_h >= 0.0):
+        return None
+    return float(threshold), float(hold_h) * 3600.0
 
 
 def network_risks(cur: Cursor, tables: set[str]

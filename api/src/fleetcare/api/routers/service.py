@@ -10,7 +10,6 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 
 from fleetcare.api import metrics, queries
-from fleetcare.api.alerts.engine import operating_point
 from fleetcare.api.routers.deps import Ctx, Cur
 from fleetcare.api.schemas import Health
 from fleetcare.collectors.agent_metrics import exposition
@@ -47,13 +46,11 @@ def prometheus(cur: Cur, ctx: Ctx) -> Response:
         drains["last_action"] = queries.epoch_s(drains["last_action"])
     telemetry = queries.latest_telemetry_ts(cur, tables, ctx.store.raw)
     network = queries.network_risks(cur, tables)  # families only with a network head
-    run_metrics = queries.newest_run_metrics(cur, tables)
-    point = operating_point(run_metrics) if run_metrics is not None else None
     text = metrics.render(
         nodes, None if latest is None else queries.epoch_s(latest), drains,
         latest_telemetry_s=None if telemetry is None else queries.epoch_s(telemetry),
         alerts=queries.alert_stats(cur, tables),
         network=network if network[0] or network[1] is not None else None,
-        alarm=None if point is None else (point.threshold, point.for_s),
+        alarm=queries.alarm_point(queries.newest_run_metrics(cur, tables)),
         extra=exposition(ctx.ingest()) if ctx.ingest is not None else "")
     return Response(text, media_type=metrics.CONTENT_TYPE)
