@@ -217,6 +217,18 @@ def test_a_bad_network_threshold_in_the_registry_leaves_the_risk_rule(
     assert point is not None and point.network is None
 
 
+def test_an_unusable_operating_point_leaves_the_configured_rule(
+        caplog: pytest.LogCaptureFixture) -> None:
+    # what `/metrics` exports as fleetcare_alarm_threshold is read the same way
+    for bad in ({"threshold": "high"}, {"threshold": 0.0}, {"threshold": 1.5},
+                {"threshold": 0.7, "hold_h": "1h"}, {"threshold": 0.7, "hold_h": -1.0},
+                {"threshold": True}):
+        caplog.clear()
+        assert operating_point(bad) is None, bad
+        assert "alerts.bad_operating_point" in caplog.text
+    assert operating_point({"threshold": 0.7, "immediate": "x"}) == (0.7, 0.0, None, None)
+
+
 def test_sinks_say_the_network_alarmed_and_read_it_as_at_the_threshold(
         db: Store, receivers: Any) -> None:
     """The summary names the ports, the payloads carry ``p_net``; PagerDuty's severity and

@@ -514,8 +514,9 @@ def newest_run_metrics(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
 
 def alarm_point(metrics: dict[str, Any] | None) -> tuple[float, float] | None:
     """The (risk threshold, hold in seconds) a model's registry metrics name as its
-    operating point (``threshold``, ``hold_h``: what the alert engine's ``operating_point``
-    reads), or None: none named, or not a risk in (0, 1] with a finite hold >= 0."""
+    operating point (``threshold``, ``hold_h``), or None: none named, or not a risk in
+    (0, 1] with a finite hold >= 0. ``/metrics`` exports it; the alert engine's
+    ``operating_point`` reads the same two through it."""
     if metrics is None:
         return None
     threshold, hold_h = metrics.get("threshold"), metrics.get("hold_h") or 0.0

@@ -88,20 +88,29 @@ def operating_point(metrics: Mapping[str, Any]) -> Point | None:
     threshold held ``hold_h`` or its ``immediate`` risk at once, and its network head's
     own threshold (``network_head.threshold``; ``fleetcare models list`` prints them), a
     fleet model's threshold within the budget on its own held-out data at once; None when
-    the metrics name no threshold."""
-    threshold = metrics.get("threshold")
-    if threshold is None:
+    the metrics name no threshold or an unusable one (``queries.alarm_point``: a risk in
+    (0, 1] held a finite time; logged, and the configured rule applies)."""
+    if metrics.get("threshold") is None:
         return None
+    point = queries.alarm_point(dict(metrics))
+    if point is None:
+        log.error("alerts.bad_operating_point threshold=%r hold_h=%r: the registry's "
+                  "threshold must be a risk in (0, 1] and hold_h a number of hours >= 0; "
+                  "alerting on the configured rule", metrics.get("threshold"),
+                  metrics.get("hold_h"))
+        return None
+    threshold, for_s = point
     immediate = metrics.get("immediate")
+    if not isinstance(immediate, int | float) or isinstance(immediate, bool):
+        immediate = None
     head = metrics.get("network_head")
     network = queries.network_threshold(dict(metrics))
     if network is None and isinstance(head, Mapping) and head.get("threshold") is not None:
         log.error("alerts.bad_network_threshold value=%r: the registry's network head "
                   "threshold must be in (0, 1]; alerting on the risk alone",
                   head.get("threshold"))
-    return Point(float(threshold), float(metrics.get("hold_h") or 0.0) * 3600.0,
-                 None if immediate is None else max(float(immediate), float(threshold)),
-                 network)
+    return Point(threshold, for_s,
+                 None if immediate is None else max(float(immediate), threshold), network)
 
 
 class AlertEngine:
