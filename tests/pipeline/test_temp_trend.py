@@ -177,3 +177,17 @@ def test_kept_hours_give_the_same_slopes_and_only_new_or_changed_hours_are_compu
     after = same_as_fresh(one, 13)
     k = trend(one, kept)[0].index("G3")
     assert after[1, k] != pytest.approx(before[1, k])  # 5:00 is lag 7: slope_prev_6h
+
+
+def test_a_closed_store_lets_go_of_its_kept_hours_and_bases(tmp_path):
+    from fleetcare.pipeline import live_features
+
+    store = Store(tmp_path / "c.duckdb")
+    fleet(store)
+    live = features.latest_features(store, T0 + dt.timedelta(hours=12))
+    temp_trend.latest_trend(store, live, np.arange(live.num_rows))
+    target = T0.replace(tzinfo=None) + dt.timedelta(hours=12)
+    assert temp_trend.HOURS.held(store) == 11 and live_features.BASES.held(store, target)
+    store.close()
+    assert temp_trend.HOURS.held(store) == 0
+    assert not live_features.BASES.held(store, target)

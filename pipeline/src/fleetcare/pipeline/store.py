@@ -306,6 +306,7 @@ class Store:
         self._lock = threading.RLock()
         self._cursors: weakref.WeakSet[duckdb.DuckDBPyConnection] = weakref.WeakSet()
         self._cursors_lock = threading.Lock()
+        self._on_close: list[Callable[[], None]] = []
         self.nic_rows_added = 0
         """Rows ``insert_batches`` added to ``nic_telemetry`` (its return value predates
         NIC samples and stays three counts)."""
@@ -340,7 +341,17 @@ class Store:
             except duckdb.Error:  # closed meanwhile
                 pass
 
+    def on_close(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` when the store is closed (a cache held for it lets go)."""
+        self._on_close.append(callback)
+
     def close(self) -> None:
+        callbacks, self._on_close = self._on_close, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                log.exception("store.close_callback_failed callback=%r", callback)
         self.con.close()
 
     @contextmanager

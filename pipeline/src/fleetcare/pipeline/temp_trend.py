@@ -25,7 +25,8 @@ The same numbers two ways:
   steeper at the end of an hour than on it.
 
 The live read keeps each hour's residuals of the whole fleet (``HOURS``, per store, the
-``LAGS`` hours read last; ~5 MB an hour at 100,000 GPUs): the peer fit needs every GPU
+``LAGS`` hours read last, let go when the store closes; ~5 MB an hour at 100,000 GPUs):
+the peer fit needs every GPU
 of the hour anyway, and the hours before ``T - 1 h`` change only when telemetry is
 rolled up into them again. Each call checks every hour it reads by a fingerprint of its
 hourly rows (count, samples, newest sample) and computes only the hours that are new or
@@ -135,6 +136,26 @@ class _Hours:
         self._lock = threading.Lock()
         self.built = 0
 
+    def _mine(self, store: Store) -> dict[dt.datetime, _Hour]:
+        """The store's hours (under the lock); a new store's are let go when it closes."""
+        mine = self._held.get(store)
+        if mine is None:
+            mine = self._held[store] = {}
+            ref = weakref.ref(store)
+            store.on_close(lambda: self.forget(ref()))
+        return mine
+
+    def forget(self, store: Store | None) -> None:
+        """Let go of ``store``'s hours."""
+        with self._lock:
+            if store is not None:
+                self._held.pop(store, None)
+
+    def held(self, store: Store) -> int:
+        """How many hours are held for ``store``."""
+        with self._lock:
+            return len(self._held.get(store, {}))
+
     def get(self, store: Store, cur: duckdb.DuckDBPyConnection, source: str,
             lo: dt.datetime, hi: dt.datetime, stale_s: int) -> dict[dt.datetime, _Hour]:
         """The residuals of the hours in ``[lo, hi)`` that have rows."""
@@ -144,7 +165,7 @@ class _Hours:
             f"SELECT hour, count(*), sum(n), max(last_ts) FROM {source} "
             f"WHERE hour >= {f._lit(lo)} AND hour < {f._lit(hi)} GROUP BY hour").fetchall()}
         with self._lock:
-            mine = self._held.setdefault(store, {})
+            mine = self._mine(store)
             out = {h: mine[h] for h in prints if h in mine and mine[h][0] == prints[h]}
         todo = sorted(set(prints) - set(out))
         if todo:
@@ -158,7 +179,7 @@ class _Hours:
                           np.asarray(one.column("r").to_numpy(zero_copy_only=False),
                                      dtype=np.float64))
         with self._lock:
-            mine = self._held.setdefault(store, {})
+            mine = self._mine(store)
             for h in sorted(out):  # read now: the most recently used
                 mine.pop(h, None)
                 mine[h] = out[h]
