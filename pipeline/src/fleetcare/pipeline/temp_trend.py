@@ -26,9 +26,8 @@ The same numbers two ways:
 
 The live read keeps each hour's residuals of the whole fleet (``HOURS``, per store, the
 ``LAGS`` hours read last, let go when the store closes; ~5 MB an hour at 100,000 GPUs):
-the peer fit needs every GPU
-of the hour anyway, and the hours before ``T - 1 h`` change only when telemetry is
-rolled up into them again. Each call checks every hour it reads by a fingerprint of its
+the peer fit needs every GPU of the hour anyway, and the hours before ``T - 1 h`` change
+only when telemetry is rolled up into them again. Each call checks every hour it reads by a fingerprint of its
 hourly rows (count, samples, newest sample) and computes only the hours that are new or
 changed: on the hour, one; within it, none (0.47 -> 0.015 s a scoring at 100,000 GPUs,
 README). Kept or not, the numbers are the same (``tests/pipeline/test_temp_trend.py``).
