@@ -39,7 +39,7 @@ import pyarrow.compute as pc
 from fleetcare.pipeline import features as f
 from fleetcare.pipeline import rollup
 from fleetcare.pipeline.feature_defs import LEMON_DAYS, WINDOWS, now_sql, windowed_sql
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import Store, held_for
 
 __all__ = ["BASES", "latest", "peers_sql", "prepare_next"]
 
@@ -203,11 +203,6 @@ class _Bases:
                 *cur.execute("SELECT count(*), max(ts) FROM xid_events "
                              "WHERE ts >= ? AND ts < ?", [lo, cut]).fetchall()[0])
 
-    def forget(self, store: Store | None) -> None:
-        """Let go of ``store``'s bases."""
-        if store is not None:
-            self._held.pop(store, None)
-
     def held(self, store: Store, target: dt.datetime) -> bool:
         return target in self._held.get(store, {})
 
@@ -215,11 +210,7 @@ class _Bases:
             target: dt.datetime) -> pa.Table:
         """The base for scoring hour ``target`` (held, or built now)."""
         key = self._key(cur, source, target)
-        mine = self._held.get(store)
-        if mine is None:  # let go of a store's bases when it closes
-            mine = self._held[store] = {}
-            ref = weakref.ref(store)
-            store.on_close(lambda: self.forget(ref()))
+        mine = held_for(self._held, store, dict)
         got = mine.get(target)
         if got is not None and got[0] == key:
             return got[1]

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import msgspec
@@ -38,6 +38,8 @@ from fleetcare.pipeline.telemetry import RawTelemetry, TableTelemetry
 from fleetcare.pipeline.wire_columns import as_sample
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 DIRTY_SINCE_KEY = "telemetry.dirty_since"
 """meta key: the oldest sample ts inserted since the last rollup (``rollup.refresh``)."""
@@ -570,3 +572,21 @@ class Store:
     def get_meta(self, key: str, default: str | None = None) -> str | None:
         row = self.cursor().execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
         return row[0] if row else default
+
+
+def held_for(held: weakref.WeakKeyDictionary[Store, _T], store: Store,
+             make: Callable[[], _T]) -> _T:
+    """``held[store]``, made by ``make()`` the first time: a cache kept per store, let go
+    when the store closes (``Store.on_close``; or when it is collected)."""
+    got = held.get(store)
+    if got is None:
+        got = held[store] = make()
+        ref = weakref.ref(store)
+
+        def forget() -> None:
+            closed = ref()
+            if closed is not None:
+                held.pop(closed, None)
+
+        store.on_close(forget)
+    return got

@@ -27,10 +27,10 @@ The same numbers two ways:
 The live read keeps each hour's residuals of the whole fleet (``HOURS``, per store, the
 ``LAGS`` hours read last, let go when the store closes; ~5 MB an hour at 100,000 GPUs):
 the peer fit needs every GPU of the hour anyway, and the hours before ``T - 1 h`` change
-only when telemetry is rolled up into them again. Each call checks every hour it reads by a fingerprint of its
-hourly rows (count, samples, newest sample) and computes only the hours that are new or
-changed: on the hour, one; within it, none (0.47 -> 0.015 s a scoring at 100,000 GPUs,
-README). Kept or not, the numbers are the same (``tests/pipeline/test_temp_trend.py``).
+only when telemetry is rolled up into them again. Each call checks every hour it reads
+by a fingerprint of its hourly rows (count, samples, newest sample) and computes only
+the hours that are new or changed: on the hour, one; within it, none (0.47 -> 0.015 s a
+scoring at 100,000 GPUs, README). Kept or not, the numbers are the same (``tests/pipeline/test_temp_trend.py``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from fleetcare.pipeline import rollup
-from fleetcare.pipeline.store import Store
+from fleetcare.pipeline.store import Store, held_for
 
 __all__ = ["HOURS", "LAGS", "grid_trend", "latest_trend", "slopes"]
 
@@ -135,21 +135,6 @@ class _Hours:
         self._lock = threading.Lock()
         self.built = 0
 
-    def _mine(self, store: Store) -> dict[dt.datetime, _Hour]:
-        """The store's hours (under the lock); a new store's are let go when it closes."""
-        mine = self._held.get(store)
-        if mine is None:
-            mine = self._held[store] = {}
-            ref = weakref.ref(store)
-            store.on_close(lambda: self.forget(ref()))
-        return mine
-
-    def forget(self, store: Store | None) -> None:
-        """Let go of ``store``'s hours."""
-        with self._lock:
-            if store is not None:
-                self._held.pop(store, None)
-
     def held(self, store: Store) -> int:
         """How many hours are held for ``store``."""
         with self._lock:
@@ -164,7 +149,7 @@ class _Hours:
             f"SELECT hour, count(*), sum(n), max(last_ts) FROM {source} "
             f"WHERE hour >= {f._lit(lo)} AND hour < {f._lit(hi)} GROUP BY hour").fetchall()}
         with self._lock:
-            mine = self._mine(store)
+            mine = held_for(self._held, store, dict)
             out = {h: mine[h] for h in prints if h in mine and mine[h][0] == prints[h]}
         todo = sorted(set(prints) - set(out))
         if todo:
@@ -178,7 +163,7 @@ class _Hours:
                           np.asarray(one.column("r").to_numpy(zero_copy_only=False),
                                      dtype=np.float64))
         with self._lock:
-            mine = self._mine(store)
+            mine = held_for(self._held, store, dict)
             for h in sorted(out):  # read now: the most recently used
                 mine.pop(h, None)
                 mine[h] = out[h]
