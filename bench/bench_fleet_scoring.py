@@ -230,8 +230,8 @@ def main() -> None:
         steady_hwm = _hwm_mib()
         big.close()
     keys = ("refresh_s", "latest_features_s", "score_s", "cycle_s", "ingest_s",
-            "rollup_ceiling_s", "predict_ceiling_s", "thermal_ramp_s", "refresh_cpu_s", "latest_features_cpu_s",
-            "score_cpu_s", "cycle_cpu_s")
+            "rollup_ceiling_s", "predict_ceiling_s", "thermal_ramp_s", "refresh_cpu_s",
+            "latest_features_cpu_s", "score_cpu_s", "cycle_cpu_s")
     med = {k: _median(steady, k) for k in keys}
     split = {}
     for name, rows in (("base_built", [r for r in steady if r["base_built"]]),

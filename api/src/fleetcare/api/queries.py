@@ -498,16 +498,12 @@ def newest_run_metrics(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
     """The registry metrics of the model that made the newest scoring run (None: no run,
     or a model the registry does not hold); where two models scored the same newest time
     (a promotion while telemetry stalled), the current one's, else the first by id."""
-    if "node_scores" not in tables:
+    if "node_scores" not in tables or "models" not in tables:
         return None
-    newest = "SELECT max(ts) FROM node_scores"
-    if "models" in tables:
-        row = cur.execute(
-            "SELECT s.model_id FROM (SELECT DISTINCT model_id FROM node_scores WHERE ts = "
-            f"({newest})) s LEFT JOIN models m USING (model_id) "
-            "ORDER BY coalesce(m.is_current, false) DESC, s.model_id LIMIT 1").fetchone()
-    else:
-        row = None
+    row = cur.execute(
+        "SELECT s.model_id FROM (SELECT DISTINCT model_id FROM node_scores WHERE ts = "
+        "(SELECT max(ts) FROM node_scores)) s LEFT JOIN models m USING (model_id) "
+        "ORDER BY coalesce(m.is_current, false) DESC, s.model_id LIMIT 1").fetchone()
     got = _model_metrics(cur, tables, row[0]) if row else None
     return got if isinstance(got, dict) else None
 

@@ -357,6 +357,10 @@ class Scored:
         return self.keys.num_rows
 
 
+LEAD = dt.timedelta(hours=temp_trend.LAGS - 1)
+"""How far back a pass reads before its period (``lead_in``): the thermal-ramp rule's lags."""
+
+
 def lead_in(start: dt.datetime, every_s: int, *, floor: dt.datetime | None = None
             ) -> dt.datetime:
     """Where a pass that scores from ``start`` reads rows from, so that a predictor that
@@ -364,7 +368,7 @@ def lead_in(start: dt.datetime, every_s: int, *, floor: dt.datetime | None = Non
     back) has them at ``start`` too: the earliest grid time ``start - k * every_s``
     within those hours, not before ``floor``. The pass then keeps only rows from
     ``start`` (``score``'s ``keep``; the others are shown to such a predictor)."""
-    back = dt.timedelta(hours=temp_trend.LAGS - 1)
+    back = LEAD
     if floor is not None:
         if (floor.tzinfo is None) != (start.tzinfo is None):  # naive: UTC, as stored
             floor = (floor.replace(tzinfo=dt.UTC) if floor.tzinfo is None
@@ -430,9 +434,10 @@ def fit_rows(tables: Iterable[pa.Table], *, cal_start: np.datetime64, test_start
     whose label window ends inside their period, minus each failure's aftermath, healthy rows
     sampled at ``negatives`` (``sample``); with ``keep_cal`` every calibration-period row too
     (aftermath and unknown labels included: alarms need no label), and the rows of the
-    ``temp_trend.LAGS - 1`` hours before it (``lead_in``: drop them when scoring)."""
+    ``LEAD`` before it (``lead_in``: drop them when scoring)."""
     train, cal = [], []
     cal_all = Spill() if keep_cal else None
+    lead = cal_start - np.timedelta64(LEAD)
     for t in tables:
         ts = T.ts_column(t)
         ok = ~aftermath(t, failures)
@@ -442,7 +447,6 @@ def fit_rows(tables: Iterable[pa.Table], *, cal_start: np.datetime64, test_start
         cal.append(sample(t, (ts >= cal_start) & (ts + horizon <= test_start) & ok,
                           negatives=negatives, seed=seed + 1))
         if cal_all is not None:
-            lead = cal_start - np.timedelta64((temp_trend.LAGS - 1) * 3600, "s")
             cal_all.add(t.filter(pa.array((ts >= lead) & (ts < test_start))))
     return FitRows(_concat(train), _concat(cal), negatives, cal_all)
 

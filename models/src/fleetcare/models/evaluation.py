@@ -84,15 +84,13 @@ class Fleet:
     def test_rows(self, predictors: dict[str, dataset.Predict]) -> dataset.Scored:
         """The test period's rows (every one up to the end: alarms need no label), scored
         by each predictor a chunk at a time; keys and labels kept, features not."""
-        end = _np(self.splits.end)
         if self.test_from > self.splits.end:
             return dataset.score((), predictors)
-        first = _np(self.test_from)
         tables = dataset.chunks(
             self.store, dataset.lead_in(self.test_from, self.every_s, floor=self.splits.start),
             self.splits.end, every_s=self.every_s, horizon_h=self.horizon_h, chunk=self.chunk)
         return dataset.score((_prefixed(t, self.shard) for t in tables), predictors,
-                             keep=lambda t: (T.ts_column(t) >= first) & (T.ts_column(t) <= end))
+                             keep=_within(self.test_from, self.splits.end))
 
     def known(self, keys: pa.Table) -> np.ndarray:
         """Rows of ``keys`` whose label is known (their horizon ends inside the data)."""
@@ -249,7 +247,7 @@ def _cal_scores(fleets: Sequence[Fleet], predict: dataset.Predict
         spill = f.fit.cal_all
         if spill is None or spill.num_rows == 0:
             continue
-        s = dataset.score(spill.tables(), {"p": predict}, keep=_from(f.splits.cal_start))
+        s = dataset.score(spill.tables(), {"p": predict}, keep=_within(f.splits.cal_start))
         if s.num_rows == 0:  # lead rows only: no calibration period to speak of
             continue
         ones = np.ones(s.num_rows, dtype=bool)
@@ -258,10 +256,17 @@ def _cal_scores(fleets: Sequence[Fleet], predict: dataset.Predict
     return _joined(parts), dataset._concat(keys)
 
 
-def _from(start: dt.datetime) -> Callable[[pa.Table], np.ndarray]:
-    """A pass's ``keep`` from ``start`` on (the rows before give the rule's lags)."""
-    first = _np(start)
-    return lambda t: T.ts_column(t) >= first
+def _within(start: dt.datetime, end: dt.datetime | None = None
+            ) -> Callable[[pa.Table], np.ndarray]:
+    """A pass's ``keep``: rows from ``start`` (the rows before give the rule's lags) up
+    to ``end`` when given."""
+    first, last = _np(start), None if end is None else _np(end)
+
+    def keep(t: pa.Table) -> np.ndarray:
+        ts = T.ts_column(t)
+        return (ts >= first) if last is None else (ts >= first) & (ts <= last)
+
+    return keep
 
 
 def _spans(fleets: Sequence[Fleet], period: str

@@ -92,7 +92,8 @@ def operating_point(metrics: Mapping[str, Any]) -> Point | None:
     (0, 1] held a finite time; logged, and the configured rule applies)."""
     if metrics.get("threshold") is None:
         return None
-    point = queries.alarm_point(dict(metrics))
+    named = dict(metrics)
+    point = queries.alarm_point(named)
     if point is None:
         log.error("alerts.bad_operating_point threshold=%r hold_h=%r: the registry's "
                   "threshold must be a risk in (0, 1] and hold_h a number of hours >= 0; "
@@ -104,7 +105,7 @@ def operating_point(metrics: Mapping[str, Any]) -> Point | None:
     if not isinstance(immediate, int | float) or isinstance(immediate, bool):
         immediate = None
     head = metrics.get("network_head")
-    network = queries.network_threshold(dict(metrics))
+    network = queries.network_threshold(named)
     if network is None and isinstance(head, Mapping) and head.get("threshold") is not None:
         log.error("alerts.bad_network_threshold value=%r: the registry's network head "
                   "threshold must be in (0, 1]; alerting on the risk alone",
