@@ -494,16 +494,19 @@ def _model_network_threshold(cur: Cursor, tables: set[str], model_id: str) -> fl
     return network_threshold(_model_metrics(cur, tables, model_id))
 
 
-def newest_run_metrics(cur: Cursor, tables: set[str]) -> dict[str, Any] | None:
-    """The registry metrics of the model that made the newest scoring run (None: no run,
-    or a model the registry does not hold); where two models scored the same newest time
-    (a promotion while telemetry stalled), the current one's, else the first by id."""
-    if "node_scores" not in tables or "models" not in tables:
+def newest_run_metrics(cur: Cursor, tables: set[str], newest: dt.datetime | None
+                       ) -> dict[str, Any] | None:
+    """The registry metrics of the model that made the newest scoring run, at ``newest``
+    (``latest_score_ts``; None: no run) — None also for a model the registry does not
+    hold; where two models scored that time (a promotion while telemetry stalled), the
+    current one's, else the first by id."""
+    if newest is None or "node_scores" not in tables or "models" not in tables:
         return None
     row = cur.execute(
-        "SELECT s.model_id FROM (SELECT DISTINCT model_id FROM node_scores WHERE ts = "
-        "(SELECT max(ts) FROM node_scores)) s LEFT JOIN models m USING (model_id) "
-        "ORDER BY coalesce(m.is_current, false) DESC, s.model_id LIMIT 1").fetchone()
+        "SELECT s.model_id FROM (SELECT DISTINCT model_id FROM node_scores WHERE ts = ?) s "
+        "LEFT JOIN models m USING (model_id) "
+        "ORDER BY coalesce(m.is_current, false) DESC, s.model_id LIMIT 1",
+        [newest]).fetchone()
     got = _model_metrics(cur, tables, row[0]) if row else None
     return got if isinstance(got, dict) else None
 
@@ -524,16 +527,16 @@ def alarm_point(metrics: dict[str, Any] | None) -> tuple[float, float] | None:
     return float(threshold), float(hold_h) * 3600.0
 
 
-def network_risks(cur: Cursor, tables: set[str]
+def network_risks(cur: Cursor, tables: set[str], newest: dt.datetime | None
                   ) -> tuple[list[tuple[str, float]], float | None]:
-    """The network head's probability of each node in the newest scoring run (none when
-    that run's model has no head) and the threshold its model alarms at (None: none)."""
-    if "node_network_scores" not in tables or "node_scores" not in tables:
+    """The network head's probability of each node in the newest scoring run, at
+    ``newest`` (``latest_score_ts``; none when that run's model has no head), and the
+    threshold its model alarms at (None: none)."""
+    if newest is None or "node_network_scores" not in tables:
         return [], None
     rows = cur.execute(
         "SELECT node, p_net, model_id FROM node_network_scores "
-        "WHERE ts = (SELECT max(ts) FROM node_scores) AND isfinite(p_net) "
-        "ORDER BY node").fetchall()
+        "WHERE ts = ? AND isfinite(p_net) ORDER BY node", [newest]).fetchall()
     if not rows:
         return [], None
     return ([(str(n), float(p)) for n, p, _ in rows],

@@ -126,6 +126,8 @@ class AlertEngine:
         self.point_of: str | None = None
         """With ``threshold = "model"``: the model whose operating point ``rule`` holds."""
         self._point: tuple[str | None, Any] = (None, None)
+        self._read: tuple[str, dict[str, Any]] | None | bool = False
+        """The current model's id and metrics as ``current_rule`` last read them."""
         self.outbox = outbox
         self.sinks = dict(sinks) if sinks is not None else dict(outbox.sinks)
         self.node_labels = node_labels or (lambda node: {})
@@ -156,9 +158,13 @@ class AlertEngine:
         from fleetcare.models import registry
 
         rec = registry.current(self.store)
+        read = None if rec is None else (rec.model_id, rec.metrics)  # a fresh dict per read
+        if read == self._read:  # the same model and metrics: the rule already holds them
+            return self.rule
+        self._read = read  # read (and an unusable value logged) once per model or rewrite
         point = operating_point(rec.metrics) if rec is not None else None
         who = rec.model_id if point is not None and rec is not None else None
-        if (who, point) != self._point:  # another model, or its metrics rewritten
+        if (who, point) != self._point:  # another model, or its operating point rewritten
             c = self.config
             threshold, for_s, immediate, network = point or Point(
                 c.threshold, c.for_s, c.immediate_threshold)

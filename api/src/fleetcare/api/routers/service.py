@@ -45,12 +45,12 @@ def prometheus(cur: Cur, ctx: Ctx) -> Response:
     if drains["last_action"] is not None:
         drains["last_action"] = queries.epoch_s(drains["last_action"])
     telemetry = queries.latest_telemetry_ts(cur, tables, ctx.store.raw)
-    network = queries.network_risks(cur, tables)  # families only with a network head
+    network = queries.network_risks(cur, tables, latest)  # families only with a head
     text = metrics.render(
         nodes, None if latest is None else queries.epoch_s(latest), drains,
         latest_telemetry_s=None if telemetry is None else queries.epoch_s(telemetry),
         alerts=queries.alert_stats(cur, tables),
         network=network if network[0] or network[1] is not None else None,
-        alarm=queries.alarm_point(queries.newest_run_metrics(cur, tables)),
+        alarm=queries.alarm_point(queries.newest_run_metrics(cur, tables, latest)),
         extra=exposition(ctx.ingest()) if ctx.ingest is not None else "")
     return Response(text, media_type=metrics.CONTENT_TYPE)
