@@ -21,6 +21,7 @@ import yaml
 
 from fleetcare.api.alerts import AlertEngine
 from fleetcare.api.alerts.sinks import rfc3339
+from fleetcare.models import scoring
 from fleetcare.pipeline.store import Store
 from tests.api import test_alerts_helpers as helpers
 from tests.api.test_alerts_helpers import Clock, Received, config, put_scores
@@ -76,8 +77,8 @@ receivers:
 """
 
 
-def engine(db: Store, am_url: str, clock: Clock) -> AlertEngine:
-    cfg = config([{"name": "am", "kind": "alertmanager-api", "url": am_url}],
+def engine(db: Store, am_url: str, clock: Clock, **sink: Any) -> AlertEngine:
+    cfg = config([{"name": "am", "kind": "alertmanager-api", "url": am_url, **sink}],
                  **{"for": "0", "resolve_for": "0"})
     return AlertEngine.from_config(db, cfg, clock=clock, rng=lambda: 0.5,
                                    node_labels=lambda n: {"partition": "train-a"})
@@ -103,7 +104,8 @@ def test_risk_alert_is_routed_silenced_and_resolved_by_a_real_alertmanager(
             "alertname": "FleetcareNodeFailureRisk", "node": "gpu03"}
         (alert,) = firing["alerts"]
         assert alert["labels"] == {"alertname": "FleetcareNodeFailureRisk", "node": "gpu03",
-                                   "severity": "warning", "partition": "train-a"}
+                                   "severity": "warning", "partition": "train-a",
+                                   "job": "fleetcare"}
         assert alert["annotations"]["summary"] == (
             f"gpu03: failure risk 0.91 >= 0.50 since {rfc3339(t0)}")
         assert alert["annotations"]["description"] == REASONS[0]
@@ -170,3 +172,18 @@ def test_the_route_example_inhibits_node_alerts_during_a_fleet_wide_one(
         assert hooks["training-infra"].got == [] and hooks["gpu-ops-chat"].got == []
         assert [a["labels"]["alertname"] for r in hooks["gpu-ops-pager"].got
                 for a in r.json()["alerts"]] == ["FleetcareFleetWideRisk"]
+        assert node["labels"]["job"] == "fleetcare"  # the sink's default job
+        # another fleet's serve (scraped as job "fleet-b", its sink's job) is not silenced
+        other = Store(tmp_path / "fleet-b.duckdb")
+        scoring.ensure_schema(other)
+        eng_b = engine(other, url, Clock(t0 + dt.timedelta(seconds=30)), job="fleet-b")
+        put_scores(other, t0, {"gpu02": 0.9}, reasons={"gpu02": REASONS})
+        eng_b.evaluate()
+        assert eng_b.outbox.deliver_due().delivered == 1
+        got = wait_for("fleet-b's alert at its receiver", lambda: [
+            a for r in hooks["training-infra"].got for a in r.json()["alerts"]])
+        assert [(a["labels"]["node"], a["labels"]["job"]) for a in got] == [
+            ("gpu02", "fleet-b")]
+        (b,) = am_alerts(url, 'node="gpu02"')
+        assert b["status"]["state"] == "active"
+        other.close()

@@ -182,12 +182,13 @@ def test_alertmanager_api_v2_alerts_with_basic_auth_added_at_send_time(
         db: Store, receivers: Any) -> None:
     recv = receivers()
     cfg = config([{"name": "am", "kind": "alertmanager-api", "url": recv.url("/"),
-                   "username": "fleetcare"}], {"FLEETCARE_ALERTS_AM_SECRET": "pw"},
+                   "username": "fleetcare", "job": "serve-a"}],
+                 {"FLEETCARE_ALERTS_AM_SECRET": "pw"},
                  **{"for": "0", "resolve_for": "0"})
     clock = Clock()
     eng = AlertEngine.from_config(db, cfg, clock=clock, rng=lambda: 0.5,
                                   node_labels=lambda n: {"partition": "a100", "rack-id": "r7",
-                                                         "empty": ""})
+                                                         "empty": "", "job": "not-this"})
     put_scores(db, T0, {"gpu017": 0.83}, reasons={"gpu017": REASONS})
     eng.evaluate(clock.at(T0 + dt.timedelta(seconds=5)))
     put_scores(db, T0 + minutes(1), {"gpu017": 0.1})
@@ -200,7 +201,8 @@ def test_alertmanager_api_v2_alerts_with_basic_auth_added_at_send_time(
     assert firing.headers["Authorization"] == "Basic ZmxlZXRjYXJlOnB3"  # fleetcare:pw
     assert firing.headers["Content-Type"] == "application/json"
     labels = {"alertname": "FleetcareNodeFailureRisk", "node": "gpu017",
-              "severity": "warning", "partition": "a100", "rack_id": "r7"}
+              "severity": "warning", "partition": "a100", "rack_id": "r7",
+              "job": "serve-a"}  # the sink's job, never a node label's
     annotations = {"summary": "gpu017: failure risk 0.83 >= 0.50 since 2026-03-01T12:00:00Z",
                    "description": "; ".join(REASONS), "risk": "0.8300",
                    "peak_risk": "0.8300", "threshold": "0.5000", "alert_id": ALERT_ID,

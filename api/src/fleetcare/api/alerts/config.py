@@ -28,6 +28,8 @@ from the environment.
     url = "http://alertmanager:9093"
     severity = "warning"       # the alert's severity label (auto: warning)
     username = "fleetcare"     # basic auth, password in FLEETCARE_ALERTS_AM_SECRET
+    job = "fleetcare"          # the alert's job label: Prometheus' scrape job of this
+                               # serve, so inhibitions `equal: [job]` keep fleets apart
     # repeat_interval defaults to 1m: Alertmanager resolves an alert not re-sent
     # within its resolve_timeout (5m)
 
@@ -57,6 +59,10 @@ from fleetcare.collectors.durations import parse_duration
 
 KINDS = ("alertmanager", "alertmanager-api", "slack", "pagerduty", "hmac")
 EVENTS = ("firing", "resolved")
+DEFAULT_JOB = "fleetcare"
+"""alertmanager-api sinks' ``job`` label unless configured: the scrape job name of
+deploy/prometheus/README.md's example, so a pushed alert and the rules' alerts of one
+fleet share it."""
 PAGERDUTY_URL = "https://events.pagerduty.com/v2/enqueue"
 ENV_PREFIX = "FLEETCARE_ALERTS_"
 MODEL = "model"
@@ -107,6 +113,7 @@ class SinkConfig:
     receiver: str | None = None            # alertmanager: the receiver name sent
     username: str | None = None            # alertmanager-api: basic auth (secret: password)
     repeat_interval_s: float | None = None  # None: [alerts] repeat_interval
+    job: str = DEFAULT_JOB                  # alertmanager-api: the alert's job label
 
     def describe(self) -> dict[str, Any]:
         """For printing: every secret masked, the URL shown up to its host."""
@@ -115,7 +122,8 @@ class SinkConfig:
                 "match": dict(self.match),
                 "routing_key": str(self.routing_key) if self.routing_key else None,
                 "secret": str(self.secret) if self.secret else None,
-                "username": self.username, "repeat_interval_s": self.repeat_interval_s}
+                "username": self.username, "repeat_interval_s": self.repeat_interval_s,
+                **({"job": self.job} if self.kind == "alertmanager-api" else {})}
 
 
 @dataclass(frozen=True)
@@ -192,7 +200,7 @@ _TOP = {"threshold": "threshold", "for": "for_s", "immediate_threshold": "immedi
 _DURATIONS = {"for", "resolve_for", "repeat_interval", "timeout", "retry_base", "retry_cap",
               "max_age"}
 _SINK_KEYS = {"name", "kind", "url", "events", "min_risk", "match", "routing_key", "secret",
-              "severity", "receiver", "username", "repeat_interval"}
+              "severity", "receiver", "username", "repeat_interval", "job"}
 _SEVERITIES = ("auto", "critical", "error", "warning", "info")
 
 
@@ -311,6 +319,12 @@ def _sink(i: int, raw: Mapping[str, Any], env: Mapping[str, str]) -> SinkConfig:
     if username is not None and not secret:
         raise ConfigError(f"{where} secret", None, f"basic auth as {username!r} needs its "
                           f"password: set {prefix}SECRET")
+    job = raw.get("job", DEFAULT_JOB)
+    if "job" in raw and (kind != "alertmanager-api" or not isinstance(job, str) or not job):
+        raise ConfigError(f"{where} job", job,
+                          "only alertmanager-api sinks take a job label, a non-empty string: "
+                          "the job Prometheus scrapes this serve as (default "
+                          f"{DEFAULT_JOB!r})")
     repeat = raw.get("repeat_interval")
     if repeat is None and kind == "alertmanager-api":
         repeat_s: float | None = ALERTMANAGER_API_REPEAT_S
@@ -323,7 +337,8 @@ def _sink(i: int, raw: Mapping[str, Any], env: Mapping[str, str]) -> SinkConfig:
         min_risk=_float(f"{where} min_risk", raw.get("min_risk", 0.0), 0.0, 1.0),
         match=dict(match), routing_key=Secret(str(routing_key)) if routing_key else None,
         secret=Secret(str(secret)) if secret else None, severity=severity,
-        receiver=raw.get("receiver"), username=username, repeat_interval_s=repeat_s)
+        receiver=raw.get("receiver"), username=username, repeat_interval_s=repeat_s,
+        job=job)
 
 
 def load(path: str | Path | None = None, env: Mapping[str, str] | None = None) -> AlertsConfig:

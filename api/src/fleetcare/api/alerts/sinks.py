@@ -32,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from fleetcare.api.alerts.config import SinkConfig
+from fleetcare.api.alerts.config import DEFAULT_JOB, SinkConfig
 
 ALERTNAME = "FleetcareNodeFailureRisk"
 USER_AGENT = "fleetcare-alerts/0.1"
@@ -215,7 +215,9 @@ class AlertmanagerApiSink:
     """Alertmanager API v2: ``POST {url}/api/v2/alerts`` with one postable alert.
 
     Labels (the alert's identity in Alertmanager, stable over its life): ``alertname``,
-    ``node``, ``severity`` (this sink's), and the node's labels (``partition``, ``rack``,
+    ``node``, ``severity`` (this sink's), ``job`` (this sink's: the job Prometheus
+    scrapes this serve as, so an inhibition ``equal: [job]`` between the rules' alerts
+    and these stays within one fleet), and the node's labels (``partition``, ``rack``,
     ...; keys made valid label names). Annotations: summary with the risk, the reasons,
     risk, peak risk, threshold, the fleetcare alert id, model id and riskiest GPU.
     ``startsAt`` is when it fired and ``generatorURL`` the node's page. A firing alert
@@ -233,6 +235,7 @@ class AlertmanagerApiSink:
     severity: str = "warning"
     username: str | None = None
     password: str | None = field(default=None, repr=False)
+    job: str = DEFAULT_JOB
 
     @property
     def endpoint(self) -> str:
@@ -242,7 +245,7 @@ class AlertmanagerApiSink:
     def labels(self, event: AlertEvent) -> dict[str, str]:
         extra = {label_name(k): str(v) for k, v in event.labels.items() if str(v)}
         return {**extra, "alertname": ALERTNAME, "node": event.node,
-                "severity": self.severity}
+                "severity": self.severity, "job": self.job}
 
     def render(self, event: AlertEvent) -> tuple[str, dict[str, str], bytes]:
         annotations = {"summary": summary(event),
@@ -439,7 +442,8 @@ def build(cfg: SinkConfig) -> Sink:
     if cfg.kind == "alertmanager-api":
         return AlertmanagerApiSink(cfg.name, url,
                                    "warning" if cfg.severity == "auto" else cfg.severity,
-                                   cfg.username, cfg.secret.reveal() if cfg.secret else None)
+                                   cfg.username, cfg.secret.reveal() if cfg.secret else None,
+                                   cfg.job)
     if cfg.kind == "slack":
         return SlackSink(cfg.name, url)
     if cfg.kind == "pagerduty":
