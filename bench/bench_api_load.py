@@ -8,10 +8,15 @@ live simulated telemetry every ``--tick-s`` seconds (default 60, the agents' rat
 samples a minute at 2,048 nodes) in ``--batches-per-tick`` batches spread over the
 minute as messages arrive (``Store.insert_sample_columns``, the ingest path; ``--tick-s 1
 --batches-per-tick 1`` lands an hour of telemetry a minute, a stress case) and a
-scoring run every ``--score-every`` seconds written by ``scoring.write_run``, the scorer's
-own write (every GPU and node, reasons JSON on every row, sentences on the riskiest
-2,000 GPUs as ``scoring.EXPLAIN_TOP``), which also rebuilds the API's in-memory latest
-scores. The model's compute is ``bench_fleet_scoring``'s subject, not this one's.
+scoring cycle every ``--score-every`` seconds. ``--scorer service`` (the default) runs
+the service's own cycle, ``Service.rescore`` as ``serve``'s scoring loop does: rollups of
+the new telemetry, the live features, the shipped prior's predictions and explanations,
+the scoring run's write (which also rebuilds the API's in-memory latest scores) and the
+next hour's feature base. ``--scorer write`` only writes runs of production size with
+random risks (``scoring.write_run``: every GPU and node, reasons JSON on every row,
+sentences on the riskiest 2,000 GPUs as ``scoring.EXPLAIN_TOP``; the figures before
+2026-12-07), leaving out the model's compute, which shares the two cores with the API in
+a real ``serve``.
 
 A separate client process holds ``--rate`` requests/s, half ``GET /v1/risk?limit=100``,
 half ``GET /v1/nodes/{node}`` (random node), open loop: each request has a scheduled send
@@ -51,10 +56,11 @@ from _score_runs import Scorer
 from fleetcare.api import auth, priority
 from fleetcare.api.app import create_app
 from fleetcare.api.server import bound_port, start_server_thread
+from fleetcare.api.service import Service
 from fleetcare.collectors.sim import FleetSpec, simulate_incidents
 from fleetcare.collectors.sim.sparse_links import Column
 from fleetcare.collectors.sim.telemetry import FleetSimulator
-from fleetcare.models import scoring
+from fleetcare.models import prior, scoring
 from fleetcare.pipeline.simload import load_history
 from fleetcare.pipeline.store import Store
 
@@ -192,6 +198,12 @@ def main() -> None:
                         "messages arrive through the minute (default 60: one a second)")
     p.add_argument("--score-every", type=float, default=15.0,
                    help="wall seconds between scoring runs")
+    p.add_argument("--scorer", choices=("service", "write"), default="service",
+                   help="service: the service's scoring cycle (rollups, features, the "
+                        "prior's scores and reasons, the write); write: only the write of "
+                        "a run with random risks (the figures before 2026-12-07)")
+    p.add_argument("--duckdb-threads", type=int, default=0,
+                   help="DuckDB's threads after setup (0: DuckDB's default, one per core)")
     p.add_argument("--p99-ms", type=float, default=20.0, help="the p99 target")
     p.add_argument("--find-saturation", action="store_true",
                    help="after the two phases, step the rate up (writers on) and report the "
@@ -213,12 +225,24 @@ def main() -> None:
             "SELECT DISTINCT node FROM telemetry").fetchall())
         model = store.con.execute("SELECT any_value(model) FROM telemetry").fetchone()[0]
         scorer = Scorer.of_store(store, model)
-        first_run = hist_end - dt.timedelta(minutes=args.score_runs)
-        for k in range(args.score_runs):  # a scoring history of the size prune keeps
-            scorer.run(first_run + dt.timedelta(minutes=k + 1))
+        # a scoring history of the size prune keeps; before the newest sample with the
+        # service's cycle, whose first run scores at it
+        newest = store.con.execute("SELECT max(ts) FROM telemetry").fetchone()[0]
+        last_run = hist_end if args.scorer == "write" else newest - dt.timedelta(minutes=1)
+        for k in range(args.score_runs):
+            scorer.run(last_run - dt.timedelta(minutes=args.score_runs - 1 - k))
+        service, cold_s = None, None
+        if args.scorer == "service":
+            prior.ensure_current(store)  # what a new fleet scores with
+            service = Service(store, background_nice=args.background_nice)
+            c0 = time.perf_counter()
+            service.rescore()  # cold: every rollup row, the first feature base
+            cold_s = time.perf_counter() - c0
         cycle = _ticks(sim, hist_end, 30)  # replayed, shifted in time: no duplicates
         setup_s = time.perf_counter() - t0
 
+        if args.duckdb_threads:
+            store.con.execute(f"SET threads = {int(args.duckdb_threads)}")
         token, _ = auth.create_token(store.cursor(), "read", name="bench")
         app = create_app(store, keep_fresh=True,  # as `serve` does
                          background_nice=args.background_nice)
@@ -259,7 +283,10 @@ def main() -> None:
                 if time.perf_counter() >= next_score:
                     s0 = time.perf_counter()
                     ts = batch["ts"][0].astype("datetime64[us]").astype(dt.datetime)
-                    scorer.run(ts)
+                    if service is not None:
+                        service.rescore()
+                    else:
+                        scorer.run(ts)
                     w["score_runs"] += 1
                     w["score_s"].append(time.perf_counter() - s0)
                     next_score += args.score_every
@@ -305,7 +332,12 @@ def main() -> None:
         "tick_s": args.tick_s, "batches_per_tick": args.batches_per_tick,
         "ingest_batches": w["ticks"], "ingest_samples": w["samples"],
         "ingest_batch_p50_ms": _pct(w["tick_s"], 50),
-        "score_runs": w["score_runs"], "score_write_p50_ms": _pct(w["score_s"], 50),
+        "scorer": args.scorer, "cold_rescore_s": None if cold_s is None else round(cold_s, 2),
+        "score_runs": w["score_runs"],
+        # the service's whole cycle, or only the write of a run with random risks
+        ("rescore_p50_ms" if service is not None else "score_write_p50_ms"):
+            _pct(w["score_s"], 50),
+        "score_max_ms": _pct(w["score_s"], 100),
         "writer_busy_fraction": round(busy_writing / args.duration, 2),
         "snapshot_builds": snapshot_builds,
         "server_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
