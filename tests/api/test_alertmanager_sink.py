@@ -173,17 +173,21 @@ def test_the_route_example_inhibits_node_alerts_during_a_fleet_wide_one(
         assert [a["labels"]["alertname"] for r in hooks["gpu-ops-pager"].got
                 for a in r.json()["alerts"]] == ["FleetcareFleetWideRisk"]
         assert node["labels"]["job"] == "fleetcare"  # the sink's default job
-        # another fleet's serve (scraped as job "fleet-b", its sink's job) is not silenced
+        # another fleet's serve (scraped as job "fleet-b", its sink's job), with a node of
+        # the same name, is not silenced: the job, not the node, keeps the fleets apart
         other = Store(tmp_path / "fleet-b.duckdb")
-        scoring.ensure_schema(other)
-        eng_b = engine(other, url, Clock(t0 + dt.timedelta(seconds=30)), job="fleet-b")
-        put_scores(other, t0, {"gpu02": 0.9}, reasons={"gpu02": REASONS})
-        eng_b.evaluate()
-        assert eng_b.outbox.deliver_due().delivered == 1
-        got = wait_for("fleet-b's alert at its receiver", lambda: [
-            a for r in hooks["training-infra"].got for a in r.json()["alerts"]])
-        assert [(a["labels"]["node"], a["labels"]["job"]) for a in got] == [
-            ("gpu02", "fleet-b")]
-        (b,) = am_alerts(url, 'node="gpu02"')
-        assert b["status"]["state"] == "active"
-        other.close()
+        try:
+            scoring.ensure_schema(other)
+            eng_b = engine(other, url, Clock(t0 + dt.timedelta(seconds=30)), job="fleet-b")
+            put_scores(other, t0, {"gpu01": 0.9}, reasons={"gpu01": REASONS})
+            eng_b.evaluate()
+            assert eng_b.outbox.deliver_due().delivered == 1
+            got = wait_for("fleet-b's alert at its receiver", lambda: [
+                a for r in hooks["training-infra"].got for a in r.json()["alerts"]])
+            assert [(a["labels"]["node"], a["labels"]["job"]) for a in got] == [
+                ("gpu01", "fleet-b")]
+            states = {a["labels"]["job"]: a["status"]["state"]
+                      for a in am_alerts(url, 'node="gpu01"')}
+            assert states == {"fleetcare": "suppressed", "fleet-b": "active"}
+        finally:
+            other.close()

@@ -83,7 +83,7 @@ def test_no_config_file_means_defaults_and_no_sinks() -> None:
      "FLEETCARE_ALERTS_AM_SECRET"),
     ({"sinks": [{"name": "s", "kind": "slack", "url": "http://a", "job": "x"}]},
      "[[alerts.sinks]] s job", "only alertmanager-api sinks take a job label"),
-    ({"sinks": [{"name": "am", "kind": "alertmanager-api", "url": "http://a", "job": ""}]},
+    ({"sinks": [{"name": "am", "kind": "alertmanager-api", "url": "http://a", "job": " "}]},
      "[[alerts.sinks]] am job", "the job Prometheus scrapes this serve as"),
     ({"sinks": [{"name": "s", "kind": "slack", "url": "http://a",
                  "repeat_interval": "often"}]}, "[[alerts.sinks]] s repeat_interval", "10m"),

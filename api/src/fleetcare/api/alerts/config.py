@@ -320,11 +320,12 @@ def _sink(i: int, raw: Mapping[str, Any], env: Mapping[str, str]) -> SinkConfig:
         raise ConfigError(f"{where} secret", None, f"basic auth as {username!r} needs its "
                           f"password: set {prefix}SECRET")
     job = raw.get("job", DEFAULT_JOB)
-    if "job" in raw and (kind != "alertmanager-api" or not isinstance(job, str) or not job):
-        raise ConfigError(f"{where} job", job,
-                          "only alertmanager-api sinks take a job label, a non-empty string: "
-                          "the job Prometheus scrapes this serve as (default "
-                          f"{DEFAULT_JOB!r})")
+    if "job" in raw and kind != "alertmanager-api":
+        raise ConfigError(f"{where} job", job, "only alertmanager-api sinks take a job label "
+                          "(the other kinds send no Prometheus labels): remove it")
+    if not isinstance(job, str) or not job.strip():
+        raise ConfigError(f"{where} job", job, "expected the job Prometheus scrapes this "
+                          f"serve as, a non-empty string (default {DEFAULT_JOB!r})")
     repeat = raw.get("repeat_interval")
     if repeat is None and kind == "alertmanager-api":
         repeat_s: float | None = ALERTMANAGER_API_REPEAT_S

@@ -161,7 +161,6 @@ class AlertEngine:
         read = None if rec is None else (rec.model_id, rec.metrics)  # a fresh dict per read
         if read == self._read:  # the same model and metrics: the rule already holds them
             return self.rule
-        self._read = read  # read (and an unusable value logged) once per model or rewrite
         point = operating_point(rec.metrics) if rec is not None else None
         who = rec.model_id if point is not None and rec is not None else None
         if (who, point) != self._point:  # another model, or its operating point rewritten
@@ -174,6 +173,7 @@ class AlertEngine:
             log.info("alerts.operating_point model=%s threshold=%.4f for_s=%g immediate=%s "
                      "network=%s", who or "none (the configured fallback)", threshold, for_s,
                      immediate, network)
+        self._read = read  # read (an unusable value logged) once per model or rewrite
         return self.rule
 
     # -- the loop ---------------------------------------------------------------------------
