@@ -3,16 +3,18 @@
 One service process, as in production: a DuckDB database with a simulated fleet's
 history and a scoring history of production size (``--score-runs`` runs of every GPU,
 what ``scoring.prune`` keeps between hourly ones), uvicorn serving the API (auth on, a
-read token) on a real loopback port. Writers: an ingest thread landing one fleet tick of
+read token) on a real loopback port. Writers, each a thread of its own as in ``serve``
+and niced as its loops are: an ingest thread landing one fleet tick of
 live simulated telemetry every ``--tick-s`` seconds (default 60, the agents' rate: 16,384
 samples a minute at 2,048 nodes) in ``--batches-per-tick`` batches spread over the
 minute as messages arrive (``Store.insert_sample_columns``, the ingest path; ``--tick-s 1
 --batches-per-tick 1`` lands an hour of telemetry a minute, a stress case) and a
-scoring cycle every ``--score-every`` seconds. ``--scorer service`` (the default) runs
+scorer running a cycle every ``--score-every`` seconds (default 15: four times
+``serve``'s default of 60 s, a heavier cadence). ``--scorer service`` (the default) runs
 the service's own cycle, ``Service.rescore`` as ``serve``'s scoring loop does: rollups of
 the new telemetry, the live features, the shipped prior's predictions and explanations,
-the scoring run's write (which also rebuilds the API's in-memory latest scores) and the
-next hour's feature base. ``--scorer write`` only writes runs of production size with
+the scoring run's write (which also rebuilds the API's in-memory latest scores), the
+alert engine's evaluation (no sinks configured) and the next hour's feature base. ``--scorer write`` only writes runs of production size with
 random risks (``scoring.write_run``: every GPU and node, reasons JSON on every row,
 sentences on the riskiest 2,000 GPUs as ``scoring.EXPLAIN_TOP``; the figures before
 2026-12-07), leaving out the model's compute, which shares the two cores with the API in
@@ -53,7 +55,8 @@ import numpy as np
 from _common import report
 from _score_runs import Scorer
 
-from fleetcare.api import auth, priority
+from fleetcare.api import auth, priority, queries
+from fleetcare.api.alerts import AlertEngine, load_config
 from fleetcare.api.app import create_app
 from fleetcare.api.server import bound_port, start_server_thread
 from fleetcare.api.service import Service
@@ -231,18 +234,23 @@ def main() -> None:
         last_run = hist_end if args.scorer == "write" else newest - dt.timedelta(minutes=1)
         for k in range(args.score_runs):
             scorer.run(last_run - dt.timedelta(minutes=args.score_runs - 1 - k))
+        if args.duckdb_threads:
+            store.con.execute(f"SET threads = {int(args.duckdb_threads)}")
         service, cold_s = None, None
         if args.scorer == "service":
             prior.ensure_current(store)  # what a new fleet scores with
-            service = Service(store, background_nice=args.background_nice)
+            # as serve builds it: the alert engine evaluates each run (no sinks configured)
+            service = Service(store, background_nice=args.background_nice,
+                              alerts=AlertEngine.from_config(
+                                  store, load_config(None),
+                                  node_labels=queries.labels_reader(store)))
             c0 = time.perf_counter()
-            service.rescore()  # cold: every rollup row, the first feature base
+            service.rescore()  # cold: every rollup row, the first feature base, retention
             cold_s = time.perf_counter() - c0
         cycle = _ticks(sim, hist_end, 30)  # replayed, shifted in time: no duplicates
         setup_s = time.perf_counter() - t0
+        threads = int(store.con.execute("SELECT current_setting('threads')").fetchall()[0][0])
 
-        if args.duckdb_threads:
-            store.con.execute(f"SET threads = {int(args.duckdb_threads)}")
         token, _ = auth.create_token(store.cursor(), "read", name="bench")
         app = create_app(store, keep_fresh=True,  # as `serve` does
                          background_nice=args.background_nice)
@@ -252,19 +260,18 @@ def main() -> None:
         writing = threading.Event()
         stop = threading.Event()
         w: dict[str, Any] = {"ticks": 0, "samples": 0, "score_runs": 0, "tick_s": [],
-                             "score_s": [], "busy_s": 0.0}
+                             "score_s": [], "last_ts": None}
 
-        def writer() -> None:
-            """A fleet tick every tick_s in batches_per_tick slices; a scoring run every
-            score_every (wall)."""
+        def ingester() -> None:
+            """A fleet tick every tick_s in batches_per_tick slices (wall)."""
             priority.lower_this_thread(args.background_nice)  # as the service's loops
             k = 0
             parts = max(1, args.batches_per_tick)
             every = args.tick_s / parts
-            next_batch = next_score = time.perf_counter()
+            next_batch = time.perf_counter()
             while not stop.is_set():
                 if not writing.wait(0.1):
-                    next_batch = next_score = time.perf_counter() + args.score_every / 2
+                    next_batch = time.perf_counter()
                     continue
                 now = time.perf_counter()
                 if now < next_batch:
@@ -279,30 +286,46 @@ def main() -> None:
                 w0 = time.perf_counter()
                 w["samples"] += store.insert_sample_columns(batch)
                 w["ticks"] += 1
+                w["last_ts"] = batch["ts"][0].astype("datetime64[us]").astype(dt.datetime)
                 w["tick_s"].append(time.perf_counter() - w0)
-                if time.perf_counter() >= next_score:
-                    s0 = time.perf_counter()
-                    ts = batch["ts"][0].astype("datetime64[us]").astype(dt.datetime)
-                    if service is not None:
-                        service.rescore()
-                    else:
-                        scorer.run(ts)
-                    w["score_runs"] += 1
-                    w["score_s"].append(time.perf_counter() - s0)
-                    next_score += args.score_every
-                w["busy_s"] += time.perf_counter() - w0
                 k += 1
                 next_batch += every
 
-        thread_w = threading.Thread(target=writer, name="bench-writer", daemon=True)
-        thread_w.start()
+        def scorer_loop() -> None:
+            """A scoring cycle every score_every (wall), in a thread of its own as
+            serve's scoring loop (ingest goes on meanwhile)."""
+            priority.lower_this_thread(args.background_nice)  # as the service's loops
+            next_score = time.perf_counter()
+            while not stop.is_set():
+                if not writing.wait(0.1):
+                    next_score = time.perf_counter() + args.score_every / 2
+                    continue
+                now = time.perf_counter()
+                if now < next_score:
+                    stop.wait(min(next_score - now, 0.1))
+                    continue
+                s0 = time.perf_counter()
+                if service is not None:
+                    service.rescore()
+                elif w["last_ts"] is not None:
+                    scorer.run(w["last_ts"])
+                w["score_runs"] += 1
+                w["score_s"].append(time.perf_counter() - s0)
+                next_score += args.score_every
+
+        writers = [threading.Thread(target=f, name=f"bench-{f.__name__}", daemon=True)
+                   for f in (ingester, scorer_loop)]
+        for t in writers:
+            t.start()
         # the server's first requests (thread pool, connections, lazily built validators)
         # took up to ~0.4 s: a short unmeasured warm-up, so the ceiling is the steady state
         warmup = _phase(base, token, nodes, args.rate, args.warmup, args.workers)
         quiet = _phase(base, token, nodes, args.rate, args.duration, args.workers)
         writing.set()
         loaded_fig = _phase(base, token, nodes, args.rate, args.duration, args.workers)
-        busy_writing = w["busy_s"]
+        busy_writing = sum(w["tick_s"]) + sum(w["score_s"])  # both threads' busy time
+        loaded_scores = list(w["score_s"])  # the loaded phase's, not the saturation steps'
+        loaded_runs = w["score_runs"]
         steps = []
         if args.find_saturation:
             for rate in (float(r) for r in args.steps.split(",")):
@@ -311,7 +334,8 @@ def main() -> None:
                 if not _held(fig, args.p99_ms):
                     break
         stop.set()
-        thread_w.join(30)
+        for t in writers:
+            t.join(30)
         server.should_exit = True
         thread.join(10)
         app.state.ctx.samples.stop()
@@ -332,12 +356,14 @@ def main() -> None:
         "tick_s": args.tick_s, "batches_per_tick": args.batches_per_tick,
         "ingest_batches": w["ticks"], "ingest_samples": w["samples"],
         "ingest_batch_p50_ms": _pct(w["tick_s"], 50),
-        "scorer": args.scorer, "cold_rescore_s": None if cold_s is None else round(cold_s, 2),
-        "score_runs": w["score_runs"],
-        # the service's whole cycle, or only the write of a run with random risks
-        ("rescore_p50_ms" if service is not None else "score_write_p50_ms"):
-            _pct(w["score_s"], 50),
-        "score_max_ms": _pct(w["score_s"], 100),
+        "scorer": args.scorer, "score_every_s": args.score_every, "duckdb_threads": threads,
+        "cold_rescore_s": None if cold_s is None else round(cold_s, 2),
+        "score_runs": loaded_runs,
+        # the loaded phase's: the service's whole cycle, or only the write of random risks
+        **({"rescore_p50_ms": _pct(loaded_scores, 50),
+            "rescore_max_ms": _pct(loaded_scores, 100)} if service is not None else
+           {"score_write_p50_ms": _pct(loaded_scores, 50),
+            "score_write_max_ms": _pct(loaded_scores, 100)}),
         "writer_busy_fraction": round(busy_writing / args.duration, 2),
         "snapshot_builds": snapshot_builds,
         "server_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
