@@ -221,17 +221,20 @@ def test_an_unusable_registry_value_is_logged_once_per_model_not_per_evaluation(
         db: Store, caplog: pytest.LogCaptureFixture) -> None:
     """The engine reads the current model each evaluation; a bad value it found is logged
     when the model or its metrics change, not again on every scoring run."""
+    clock = Clock()
+    eng = AlertEngine.from_config(db, model_config(), clock=clock)
+    for i in range(2):  # no model yet: the configured rule
+        evaluate(db, eng, clock, i, {"n1": 0.1})
+    assert eng.current_rule().threshold == 0.5 and eng.point_of is None
     model = FailureModel.from_bytes(prior.load()[0])
     registry.save(db, model, metrics={"threshold": 0.7, "network_head": {"threshold": 1.5}},
                   model_id="fleet-bad-head", make_current=True)
-    clock = Clock()
-    eng = AlertEngine.from_config(db, model_config(), clock=clock)
-    for i in range(4):
+    for i in range(2, 6):  # a model arrives: read at once, its bad head logged once
         evaluate(db, eng, clock, i, {"n1": 0.1})
     assert caplog.text.count("alerts.bad_network_threshold") == 1
     assert eng.current_rule().threshold == 0.7 and eng.current_rule().network is None
     registry.set_metrics(db, "fleet-bad-head", {"threshold": "high"})  # rewritten: read again
-    for i in range(4, 7):
+    for i in range(6, 9):
         evaluate(db, eng, clock, i, {"n1": 0.1})
     assert caplog.text.count("alerts.bad_operating_point") == 1
     assert eng.current_rule().threshold == 0.5 and eng.point_of is None  # the configured
