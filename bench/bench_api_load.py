@@ -304,10 +304,13 @@ def main() -> None:
                 if now < next_score:
                     stop.wait(min(next_score - now, 0.1))
                     continue
+                if service is None and w["last_ts"] is None:  # nothing landed to score yet
+                    stop.wait(0.1)
+                    continue
                 s0 = time.perf_counter()
                 if service is not None:
                     service.rescore()
-                elif w["last_ts"] is not None:
+                else:
                     scorer.run(w["last_ts"])
                 w["score_runs"] += 1
                 w["score_s"].append(time.perf_counter() - s0)
