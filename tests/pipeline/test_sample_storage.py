@@ -65,6 +65,28 @@ def test_every_sample_reads_back_as_it_was_sent(tmp_path: Path) -> None:
         assert masks["GPU-no_nvlink"] is None
 
 
+
+def test_lists_rebuilt_in_python_equal_those_rebuilt_in_sql(tmp_path: Path) -> None:
+    """``contract_sample`` of ``contract_parts_sql``'s rows (the node pages' memory) gives
+    each sample as ``contract_samples_sql`` does, and as it was sent: every list shape."""
+    with Store(tmp_path / "f.duckdb") as store:
+        sent = _samples()
+        store.insert_sample_records(sent)
+        cur = store.cursor()
+        since = "TIMESTAMP '2026-03-01 00:00:00'"
+        by_sql = {r[schema.SAMPLE_COLUMNS.index("gpu_uuid")]: dict(
+            zip(schema.SAMPLE_COLUMNS, r, strict=True)) for r in cur.execute(
+            schema.contract_samples_sql(since=since)).fetchall()}
+        parts = cur.execute(schema.contract_parts_sql("TRUE", since=since)).fetchall()
+        assert len(parts) == len(sent) == len(by_sql)
+        for row in parts:
+            got = schema.contract_sample(row)
+            assert list(got) == schema.SAMPLE_COLUMNS
+            assert got == by_sql[got["gpu_uuid"]], got["gpu_uuid"]
+        for s in sent:
+            for c in schema.NVLINK_LISTS:
+                assert by_sql[s.gpu_uuid][c] == getattr(s, c), (s.gpu_uuid, c)
+
 def _old_layout(path: Path, samples: list) -> None:
     """A database as fleetcare wrote it before issue 15 §4: the lists in every row."""
     con = duckdb.connect(str(path))

@@ -9,19 +9,21 @@ by the request that finds it older:
 
 - first use: every GPU's newest sample of the last ``WINDOW`` (15 minutes) before the
   newest telemetry; the memory is complete from there on (``floor``);
-- after that: one narrow query (each GPU's newest ts among the rows after the newest ts
-  seen, and at it those of GPUs not held there yet: a fleet's samples of one second land
-  over many polls; every ``SLACK_EVERY_S`` from ``SLACK`` before it, for late arrivals;
-  zone maps skip the rest), then the full rows of only the GPUs whose newest sample moved
-  (agents report once a minute: ~1/60 of the fleet a second). Their JSON is written
-  (msgspec: ~7x ``json``, non-finite numbers as null) before the readers' lock is taken:
-  readers never wait for it.
+- after that, every second: one read of each GPU's newest whole sample among the rows
+  after the newest ts seen, and at it those of GPUs not held there yet (a fleet's samples
+  of one second land over many polls; zone maps skip the rest): agents report once a
+  minute, so ~1/60 of the fleet a second. Every ``SLACK_EVERY_S``, from ``SLACK`` before
+  it for late arrivals: a narrow query of which GPUs' newest sample moved, then their
+  whole rows. Rows come as ``contract_parts_sql`` parts, the NVLink lists rebuilt here
+  (``contract_sample``), and their JSON is written (msgspec: ~7x ``json``, non-finite
+  numbers as null) before the readers' lock is taken: readers never wait for it.
 
 The refresh shares the service's interpreter and cores with every request, so it is kept
 small: at 16,384 GPUs with a fleet tick landing over a minute, re-reading the ~16,000
 GPUs already held at the newest ts every second to find the ~270 new ones (and writing
 their JSON with ``json``) was ~40 ms of CPU a second, and requests arriving meanwhile
-were the API's p99 (``bench/bench_api_load.py``).
+were the API's p99 (``bench/bench_api_load.py``); two reads (which GPUs moved, then
+their rows with the lists built in SQL) were ~25 ms, one read of parts ~10 ms.
 
 What it does not see, and what then happens: a sample that lands behind a newer sample of
 another GPU shows within ``SLACK_EVERY_S`` (30 s); one that lands more than ``SLACK``
@@ -48,7 +50,7 @@ import msgspec
 import pyarrow as pa
 
 from fleetcare.api import priority, queries
-from fleetcare.pipeline.schema import SAMPLE_COLUMNS, contract_samples_sql
+from fleetcare.pipeline.schema import contract_parts_sql, contract_sample
 from fleetcare.pipeline.telemetry import sql_ts
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,15 @@ is this many ``refresh_s`` old."""
 _encode = msgspec.json.Encoder().encode  # NaN and infinities are written as null
 _decode = msgspec.json.Decoder().decode
 
+
+
+def _whole_rows(keys: str, since: str) -> str:
+    """The samples named by the relation ``keys`` (columns ``g``: GPU, ``t``: ts) as
+    ``contract_parts_sql`` parts, their NVLink lists rebuilt in ``_texts``. The keys are
+    found on narrow columns first: filtering the wide rows themselves (and keeping each
+    GPU's newest among them) cost about twice as much."""
+    return contract_parts_sql(
+        f"EXISTS (SELECT 1 FROM {keys} w WHERE w.g = t.gpu_uuid AND w.t = t.ts)", since=since)
 
 class LatestSamples:
     """Each GPU's newest sample (JSON-ready, as ``queries._latest_samples`` gives it)."""
@@ -173,41 +184,25 @@ class LatestSamples:
                 self._slack_checked = now
             else:
                 lo = self._mark
-            moved = self._moved(cur, lo, strict=floor is None and lo == self._mark)
-            if moved:
-                self._take(cur, moved)
+            if floor is None and lo == self._mark:
+                self._take_after_mark(cur, lo)
+            else:
+                moved = self._moved(cur, lo)
+                if moved:
+                    self._take(cur, moved)
             if floor is not None:
                 self.floor = floor  # complete from here on: only now may readers rely on it
             self.refreshes += 1
         finally:
             self._lock.release()
 
-    def _moved(self, cur: Cursor, lo: dt.datetime, *, strict: bool
-               ) -> list[tuple[str, dt.datetime]]:
+    def _moved(self, cur: Cursor, lo: dt.datetime) -> list[tuple[str, dt.datetime]]:
         """(GPU, newest ts) of the GPUs whose newest sample at or after ``lo`` is newer
-        than the one held. ``strict`` (``lo`` is the newest ts seen): rows after it, and
-        rows at it of the GPUs not held there, read only when more GPUs have one there
-        than are held there (agents of a fleet report at the same second; a tick's samples
-        arrive over many polls). The
-        slack scan compares in DuckDB, so an unchanged fleet costs no Python per GPU."""
+        than the one held (the first load: every GPU's). The slack scan compares in
+        DuckDB, so an unchanged fleet costs no Python per GPU."""
         if not self._ts:  # the first load
             sql = "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= $lo GROUP BY gpu_uuid"
             return [tuple(r) for r in cur.execute(sql, {"lo": lo}).fetchall()]
-        if strict:  # rows after the newest held, and at it of GPUs not held there yet
-            # ts >= lo bounds the scan (zone maps); rows at lo are read only when more are
-            # there than held, and then only those of the GPUs not held at lo
-            with self._data:
-                held_at = pa.chunked_array(self._at_mark, pa.string())
-            cur.register("_fc_at_mark", pa.table({"g": held_at}))
-            try:
-                rows = cur.execute(
-                    "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= $lo AND (ts > $lo "
-                    "OR ((SELECT count(*) FROM telemetry WHERE ts = $lo) > $held "
-                    "AND gpu_uuid NOT IN (SELECT g FROM _fc_at_mark))) GROUP BY gpu_uuid",
-                    {"lo": lo, "held": len(held_at)}).fetchall()
-            finally:
-                cur.unregister("_fc_at_mark")
-            return [(g, t) for g, t in rows if g not in self._ts or t > self._ts[g]]
         with self._data:
             held = pa.table({"g": pa.array(list(self._ts), pa.string()),
                              "t": pa.array(list(self._ts.values()), pa.timestamp("us"))})
@@ -220,28 +215,49 @@ class LatestSamples:
         finally:
             cur.unregister("_fc_held")
 
+    def _take_after_mark(self, cur: Cursor, mark: dt.datetime) -> None:
+        """The every-second refresh in one read: each GPU's newest whole sample among the
+        rows after ``mark`` (the newest ts seen) and, at it, those of the GPUs not held
+        there yet — read only when more GPUs have a row there than are held there (a
+        fleet's agents report at the same second; a tick's samples land over many polls).
+        ``ts >= mark`` bounds the scan (zone maps)."""
+        with self._data:
+            held_at = pa.chunked_array(self._at_mark, pa.string())
+        cur.register("_fc_at_mark", pa.table({"g": held_at}))
+        try:
+            rows = cur.execute(
+                "WITH k AS (SELECT gpu_uuid AS g, max(ts) AS t FROM telemetry WHERE ts >= $lo "
+                "AND (ts > $lo OR ((SELECT count(*) FROM telemetry WHERE ts = $lo) > $held "
+                "AND gpu_uuid NOT IN (SELECT g FROM _fc_at_mark))) GROUP BY gpu_uuid) "
+                + _whole_rows("k", since=sql_ts(mark)),
+                {"lo": mark, "held": len(held_at)}).fetchall()
+        finally:
+            cur.unregister("_fc_at_mark")
+        self._hold(rows)
+
     def _take(self, cur: Cursor, moved: list[tuple[str, dt.datetime]]) -> None:
         want = pa.table({"g": pa.array([g for g, _ in moved], pa.string()),
                          "t": pa.array([t for _, t in moved], pa.timestamp("us"))})
         lo = min(t for _, t in moved)
         cur.register("_fc_moved", want)
-        try:  # whole samples, NVLink lists rebuilt from how they are stored
-            rows = cur.execute(
-                "SELECT DISTINCT ON (gpu_uuid) * FROM (" + contract_samples_sql(
-                    "EXISTS (SELECT 1 FROM _fc_moved w WHERE w.g = t.gpu_uuid "
-                    "AND w.t = t.ts)", since=sql_ts(lo)) + ")").fetchall()
+        try:
+            rows = cur.execute(_whole_rows("_fc_moved", since=sql_ts(lo))).fetchall()
         finally:
             cur.unregister("_fc_moved")
+        self._hold(rows)
+
+    def _hold(self, rows: list[tuple[Any, ...]]) -> None:
+        """Hold the samples of ``rows`` newer than the ones held."""
         taken = self._texts(rows)  # the costly part, outside the readers' lock
         with self._data:
-            self._apply(taken)
+            self._apply([t for t in taken if t[0] not in self._ts or t[2] > self._ts[t[0]]])
 
     @staticmethod
     def _texts(rows: list[tuple[Any, ...]]) -> list[tuple[str, str, dt.datetime, bytes]]:
         """(GPU, node, ts, sample as JSON) of each row."""
         out = []
         for r in rows:
-            sample = dict(zip(SAMPLE_COLUMNS, r, strict=True))
+            sample = contract_sample(r)
             ts: dt.datetime = sample["ts"]
             sample["ts"] = queries.iso_z(ts)
             # a NaN or infinity is written as null, as queries gives it (queries.finite)

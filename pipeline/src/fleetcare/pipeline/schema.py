@@ -152,6 +152,52 @@ def contract_samples_sql(where: str = "TRUE", since: str | None = None) -> str:
             + ("" if since is None else f" AND t.ts >= {since}"))
 
 
+
+def contract_parts_sql(where: str = "TRUE", since: str | None = None) -> str:
+    """``contract_samples_sql``'s rows in parts, for a reader that rebuilds the NVLink
+    lists itself (``contract_sample``): the scalar columns, ``nvlink_present`` and
+    ``nvlink_links``, whether a ``telemetry_nvlink`` row was joined, and that row's lists
+    (null without one). A regular sample's lists are not built per row in SQL: for the
+    few hundred samples the node pages' memory reads a second (``latest_samples``), that
+    ``list_transform`` and the lists' conversion were ~60 % of the read."""
+    details = ("telemetry_nvlink" if since is None
+               else f"(SELECT * FROM telemetry_nvlink WHERE ts >= {since})")
+    cols = ([f"t.{c}" for c in SCALAR_SAMPLE_COLUMNS]
+            + ["t.nvlink_present", "t.nvlink_links", "d.gpu_uuid IS NOT NULL"]
+            + [f"d.{c}" for c in NVLINK_LISTS])
+    return (f"SELECT {', '.join(cols)} FROM telemetry t LEFT JOIN {details} d "
+            f"ON d.gpu_uuid = t.gpu_uuid AND d.ts = t.ts WHERE {where}"
+            + ("" if since is None else f" AND t.ts >= {since}"))
+
+
+_N_SCALAR = len(SCALAR_SAMPLE_COLUMNS)
+_PARTS_AT = [SCALAR_SAMPLE_COLUMNS.index(c) if c in SCALAR_SAMPLE_COLUMNS
+             else -1 - NVLINK_LISTS.index(c) for c in SAMPLE_COLUMNS]
+"""Per contract column: its place among ``contract_parts_sql``'s scalar columns, or
+``-1 - i`` for the NVLink list ``i``."""
+_UP = NVLINK_LISTS.index("nvlink_up")
+
+
+def contract_sample(row: tuple[Any, ...]) -> dict[str, Any]:
+    """A row of ``contract_parts_sql`` as the contract's sample (the contract's column
+    order): what ``contract_samples_sql`` gives for it. The lists come from the per-link
+    row where there is one; else null for a list not sent, and for one sent all links up
+    and every counter 0 (what a regular sample had)."""
+    present, links, detailed = row[_N_SCALAR:_N_SCALAR + 3]
+    values = []
+    for at in _PARTS_AT:
+        if at >= 0:
+            values.append(row[at])
+            continue
+        i = -1 - at
+        if detailed:
+            values.append(row[_N_SCALAR + 3 + i])
+        elif (present is not None and not present & (1 << i)) or links is None:
+            values.append(None)
+        else:
+            values.append([True] * links if i == _UP else [0] * links)
+    return dict(zip(SAMPLE_COLUMNS, values, strict=True))
+
 _SAMPLE_TYPES = {name: sql for name, sql, _ in column_types(GpuSample)}
 DDL = f"""
 CREATE TABLE IF NOT EXISTS telemetry (
