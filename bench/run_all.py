@@ -18,6 +18,7 @@ BENCHES = [
     ["bench_fleet_scoring.py"],
     ["bench_repeats.py"],
     ["bench_snapshot.py"],
+    ["bench_sample_memory.py"],
     ["bench_agent.py", "--case", "sim", "--ticks", "100"],
     ["bench_agent.py", "--case", "nvml", "--ticks", "100"],
     ["bench_agent.py", "--case", "kafka", "--nodes", "64", "--kafka-ticks", "30"],
