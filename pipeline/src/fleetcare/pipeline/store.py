@@ -89,16 +89,25 @@ def one_row(result: duckdb.DuckDBPyConnection) -> tuple[Any, ...]:
     return rows[0]
 
 
-def _incoming_stats(c: duckdb.DuckDBPyConnection, key: tuple[str, ...]
-                    ) -> tuple[Any, Any, bool]:
-    """The registered ``incoming`` rows' oldest and newest ``ts`` and whether two of them
-    share a key, in one query."""
-    keys = ", ".join(key)
-    lo, hi, dups = one_row(c.execute(
-        "SELECT min(ts), max(ts), (SELECT count(*) > 0 FROM (SELECT "
-        f"{keys} FROM incoming GROUP BY ALL HAVING count(*) > 1)) FROM incoming"))
-    return lo, hi, bool(dups)
+def _incoming_stats(data: pa.Table, key: tuple[str, ...]) -> tuple[Any, Any, bool]:
+    """Rows' oldest and newest ``ts`` (naive UTC, as stored) and whether two of them share
+    a key (nulls equal, as DuckDB's GROUP BY has them), from the Arrow table itself: as a
+    query of the registered rows it was ~4 ms of a 273-sample batch's ~16 (the embedded
+    bus lands one such batch per node and minute; ``bench/bench_sample_memory.py``)."""
+    span = pc.min_max(data.column("ts"))
+    lo, hi = span["min"].as_py(), span["max"].as_py()
+    keys = list(key)
+    dups = data.select(keys).group_by(keys).aggregate([]).num_rows < data.num_rows
+    return (None if lo is None else _naive_utc(lo), None if hi is None else _naive_utc(hi),
+            dups)
 
+
+
+def _mark_dirty(c: duckdb.DuckDBPyConnection, lo: dt.datetime, key: str) -> None:
+    """``Store.mark_dirty`` on the cursor ``c`` (inside the caller's transaction, if any)."""
+    c.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
+              "SET value = excluded.value WHERE excluded.value < meta.value",
+              [key, _naive_utc(lo).isoformat()]).fetchall()
 
 def _insert_incoming(c: duckdb.DuckDBPyConnection, table: str, key: tuple[str, ...],
                      stats: tuple[Any, Any, bool], *,
@@ -386,7 +395,7 @@ class Store:
             c = self.cursor()
             c.register("incoming", data)
             try:
-                return _insert_incoming(c, table, key, _incoming_stats(c, key))
+                return _insert_incoming(c, table, key, _incoming_stats(data, key))
             finally:
                 c.unregister("incoming")
                 c.close()
@@ -420,37 +429,33 @@ class Store:
         # the mark and the rows land under one lock: a refresh takes the mark
         # (``rollup._take_dirty`` holds the lock too) before both or after both, never
         # between them, which would consume the mark of rows its snapshot lacks
-        with self._lock:
-            self.mark_dirty(oldest)
-            with self.transaction() as cur:
-                cur.register("incoming", rows.stored)
-                cur.register("incoming_lists", rows.lists)
-                try:  # one look at the batch serves both inserts
-                    stats = _incoming_stats(cur, schema.SAMPLE_KEY)
-                    # the lists of the irregular samples new to telemetry, before the
-                    # samples themselves land
-                    if rows.lists.num_rows:
-                        _insert_incoming(cur, "telemetry_nvlink", schema.SAMPLE_KEY, stats,
-                                         against="telemetry", source="incoming_lists")
-                    return _insert_incoming(cur, "telemetry", schema.SAMPLE_KEY, stats)
-                finally:
-                    cur.unregister("incoming")
-                    cur.unregister("incoming_lists")
+        with self._lock, self.transaction() as cur:
+            # in the rows' own transaction: both land or neither (one commit a batch)
+            _mark_dirty(cur, oldest, DIRTY_SINCE_KEY)
+            cur.register("incoming", rows.stored)
+            cur.register("incoming_lists", rows.lists)
+            try:  # one look at the batch serves both inserts
+                stats = _incoming_stats(rows.stored, schema.SAMPLE_KEY)
+                # the lists of the irregular samples new to telemetry, before the
+                # samples themselves land
+                if rows.lists.num_rows:
+                    _insert_incoming(cur, "telemetry_nvlink", schema.SAMPLE_KEY, stats,
+                                     against="telemetry", source="incoming_lists")
+                return _insert_incoming(cur, "telemetry", schema.SAMPLE_KEY, stats)
+            finally:
+                cur.unregister("incoming")
+                cur.unregister("incoming_lists")
 
     def mark_dirty(self, lo: dt.datetime, *, key: str = DIRTY_SINCE_KEY) -> None:
         """Lower ``key`` (default ``DIRTY_SINCE_KEY``) to ``lo``, the oldest incoming ts.
 
         ``rollup.refresh`` re-rolls from there, so samples that arrive after their hour was
         rolled up (late, out of order) are not missed. Written before the rows: a crash in
-        between costs a needless re-roll, never a missed one.
+        between costs a needless re-roll, never a missed one (GPU samples write it in their
+        own transaction: both or neither).
         """
-        lo = _naive_utc(lo)
         with self._lock:
-            self.con.execute(
-                "INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
-                "SET value = excluded.value WHERE excluded.value < meta.value",
-                [key, lo.isoformat()],
-            ).fetchall()
+            _mark_dirty(self.con, lo, key)
 
     def insert_sample_columns(self, columns: Mapping[str, Column]) -> int:
         """Land columnar samples (the simulator's ``Chunk.samples``); the same rows as
