@@ -65,7 +65,6 @@ def test_every_sample_reads_back_as_it_was_sent(tmp_path: Path) -> None:
         assert masks["GPU-no_nvlink"] is None
 
 
-
 def test_lists_rebuilt_in_python_equal_those_rebuilt_in_sql(tmp_path: Path) -> None:
     """``contract_sample`` of ``contract_parts_sql``'s rows (the node pages' memory) gives
     each sample as ``contract_samples_sql`` does, and as it was sent: every list shape."""
@@ -81,7 +80,6 @@ def test_lists_rebuilt_in_python_equal_those_rebuilt_in_sql(tmp_path: Path) -> N
         assert len(parts) == len(sent) == len(by_sql)
         for row in parts:
             got = schema.contract_sample(row)
-            assert list(got) == schema.SAMPLE_COLUMNS
             assert got == by_sql[got["gpu_uuid"]], got["gpu_uuid"]
         for s in sent:
             for c in schema.NVLINK_LISTS:

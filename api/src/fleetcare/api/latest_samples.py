@@ -9,21 +9,22 @@ by the request that finds it older:
 
 - first use: every GPU's newest sample of the last ``WINDOW`` (15 minutes) before the
   newest telemetry; the memory is complete from there on (``floor``);
-- after that, every second: one read of each GPU's newest whole sample among the rows
-  after the newest ts seen, and at it those of GPUs not held there yet (a fleet's samples
-  of one second land over many polls; zone maps skip the rest): agents report once a
-  minute, so ~1/60 of the fleet a second. Every ``SLACK_EVERY_S``, from ``SLACK`` before
-  it for late arrivals: a narrow query of which GPUs' newest sample moved, then their
-  whole rows. Rows come as ``contract_parts_sql`` parts, the NVLink lists rebuilt here
-  (``contract_sample``), and their JSON is written (msgspec: ~7x ``json``, non-finite
-  numbers as null) before the readers' lock is taken: readers never wait for it.
+- after that, every second: a narrow read of which GPUs have rows after the newest ts
+  seen, and at it which GPUs not held there yet (a fleet's samples of one second land over
+  many polls; zone maps skip the rest); every ``SLACK_EVERY_S``, from ``SLACK`` before it
+  for late arrivals, which GPUs' newest sample moved. Then the whole rows of only those
+  (agents report once a minute: ~1/60 of the fleet a second), as ``contract_parts_sql``
+  parts, the NVLink lists rebuilt here (``contract_sample``); their JSON is written
+  (msgspec: ~7x ``json``, non-finite numbers as null) before the readers' lock is taken:
+  readers never wait for it.
 
 The refresh shares the service's interpreter and cores with every request, so it is kept
 small: at 16,384 GPUs with a fleet tick landing over a minute, re-reading the ~16,000
 GPUs already held at the newest ts every second to find the ~270 new ones (and writing
 their JSON with ``json``) was ~40 ms of CPU a second, and requests arriving meanwhile
 were the API's p99 (``bench/bench_api_load.py``); two reads (which GPUs moved, then
-their rows with the lists built in SQL) were ~25 ms, one read of parts ~10 ms.
+their rows with the lists built per row in SQL) ~22 ms, with the rows read as parts
+~13 ms (``bench/bench_sample_memory.py``).
 
 What it does not see, and what then happens: a sample that lands behind a newer sample of
 another GPU shows within ``SLACK_EVERY_S`` (30 s); one that lands more than ``SLACK``
@@ -50,7 +51,11 @@ import msgspec
 import pyarrow as pa
 
 from fleetcare.api import priority, queries
-from fleetcare.pipeline.schema import contract_parts_sql, contract_sample
+from fleetcare.pipeline.schema import (
+    SCALAR_SAMPLE_COLUMNS,
+    contract_parts_sql,
+    contract_sample,
+)
 from fleetcare.pipeline.telemetry import sql_ts
 
 log = logging.getLogger(__name__)
@@ -64,16 +69,17 @@ KEEPER_LATE = 3
 is this many ``refresh_s`` old."""
 _encode = msgspec.json.Encoder().encode  # NaN and infinities are written as null
 _decode = msgspec.json.Decoder().decode
-
+_UUID_AT = SCALAR_SAMPLE_COLUMNS.index("gpu_uuid")  # in a contract_parts_sql row
 
 
 def _whole_rows(keys: str, since: str) -> str:
     """The samples named by the relation ``keys`` (columns ``g``: GPU, ``t``: ts) as
     ``contract_parts_sql`` parts, their NVLink lists rebuilt in ``_texts``. The keys are
     found on narrow columns first: filtering the wide rows themselves (and keeping each
-    GPU's newest among them) cost about twice as much."""
+    GPU's newest among them) cost more, and a refresh with nothing new read them all."""
     return contract_parts_sql(
         f"EXISTS (SELECT 1 FROM {keys} w WHERE w.g = t.gpu_uuid AND w.t = t.ts)", since=since)
+
 
 class LatestSamples:
     """Each GPU's newest sample (JSON-ready, as ``queries._latest_samples`` gives it)."""
@@ -119,14 +125,14 @@ class LatestSamples:
 
     def warm(self, cur: Cursor) -> None:
         """Read the last ``WINDOW`` now (the service's start), not on the first request
-        (~0.9 s at 16,384 GPUs)."""
+        (0.2-0.9 s at 16,384 GPUs)."""
         self._checked = -math.inf
         self._refresh(cur)
 
     def keep(self, open_cursor: Callable[[], Cursor],
              background_nice: int = priority.BACKGROUND_NICE) -> threading.Thread:
         """Refresh from a daemon thread of its own every ``refresh_s`` (the service), so
-        that no request pays for it: at 16,384 GPUs a refresh takes 20-70 ms, and one
+        that no request pays for it: at 16,384 GPUs a refresh took 20-70 ms when one
         request a second paid it (0.5 % of requests at 200 a second: the API's p99). A
         request still refreshes once the memory is ``KEEPER_LATE`` intervals old (the
         keeper stopped). The thread ends at ``stop()`` or when the database closes. It runs
@@ -184,12 +190,10 @@ class LatestSamples:
                 self._slack_checked = now
             else:
                 lo = self._mark
-            if floor is None and lo == self._mark:
-                self._take_after_mark(cur, lo)
-            else:
-                moved = self._moved(cur, lo)
-                if moved:
-                    self._take(cur, moved)
+            moved = (self._after_mark(cur, lo) if floor is None and lo == self._mark
+                     else self._moved(cur, lo))
+            if moved:
+                self._take(cur, moved)
             if floor is not None:
                 self.floor = floor  # complete from here on: only now may readers rely on it
             self.refreshes += 1
@@ -215,25 +219,23 @@ class LatestSamples:
         finally:
             cur.unregister("_fc_held")
 
-    def _take_after_mark(self, cur: Cursor, mark: dt.datetime) -> None:
-        """The every-second refresh in one read: each GPU's newest whole sample among the
-        rows after ``mark`` (the newest ts seen) and, at it, those of the GPUs not held
-        there yet — read only when more GPUs have a row there than are held there (a
-        fleet's agents report at the same second; a tick's samples land over many polls).
-        ``ts >= mark`` bounds the scan (zone maps)."""
+    def _after_mark(self, cur: Cursor, mark: dt.datetime) -> list[tuple[str, dt.datetime]]:
+        """The every-second refresh's narrow read: (GPU, newest ts) of the GPUs with rows
+        after ``mark`` (the newest ts seen) or, at it, not held there yet — those read only
+        when more GPUs have a row there than are held there (a fleet's agents report at
+        the same second; a tick's samples land over many polls). ``ts >= mark`` bounds
+        the scan (zone maps); nothing new costs this read alone."""
         with self._data:
             held_at = pa.chunked_array(self._at_mark, pa.string())
         cur.register("_fc_at_mark", pa.table({"g": held_at}))
         try:
-            rows = cur.execute(
-                "WITH k AS (SELECT gpu_uuid AS g, max(ts) AS t FROM telemetry WHERE ts >= $lo "
-                "AND (ts > $lo OR ((SELECT count(*) FROM telemetry WHERE ts = $lo) > $held "
-                "AND gpu_uuid NOT IN (SELECT g FROM _fc_at_mark))) GROUP BY gpu_uuid) "
-                + _whole_rows("k", since=sql_ts(mark)),
+            return cur.execute(
+                "SELECT gpu_uuid, max(ts) FROM telemetry WHERE ts >= $lo AND (ts > $lo "
+                "OR ((SELECT count(*) FROM telemetry WHERE ts = $lo) > $held "
+                "AND gpu_uuid NOT IN (SELECT g FROM _fc_at_mark))) GROUP BY gpu_uuid",
                 {"lo": mark, "held": len(held_at)}).fetchall()
         finally:
             cur.unregister("_fc_at_mark")
-        self._hold(rows)
 
     def _take(self, cur: Cursor, moved: list[tuple[str, dt.datetime]]) -> None:
         want = pa.table({"g": pa.array([g for g, _ in moved], pa.string()),
@@ -247,8 +249,12 @@ class LatestSamples:
         self._hold(rows)
 
     def _hold(self, rows: list[tuple[Any, ...]]) -> None:
-        """Hold the samples of ``rows`` newer than the ones held."""
-        taken = self._texts(rows)  # the costly part, outside the readers' lock
+        """Hold the samples of ``rows`` newer than the ones held, one per GPU (a key
+        stored twice — a duplicated per-link row — gives its sample twice)."""
+        one: dict[str, tuple[Any, ...]] = {}
+        for r in rows:
+            one.setdefault(r[_UUID_AT], r)
+        taken = self._texts(list(one.values()))  # the costly part, outside the readers' lock
         with self._data:
             self._apply([t for t in taken if t[0] not in self._ts or t[2] > self._ts[t[0]]])
 

@@ -152,7 +152,6 @@ def contract_samples_sql(where: str = "TRUE", since: str | None = None) -> str:
             + ("" if since is None else f" AND t.ts >= {since}"))
 
 
-
 def contract_parts_sql(where: str = "TRUE", since: str | None = None) -> str:
     """``contract_samples_sql``'s rows in parts, for a reader that rebuilds the NVLink
     lists itself (``contract_sample``): the scalar columns, ``nvlink_present`` and
