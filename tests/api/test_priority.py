@@ -115,3 +115,59 @@ def test_the_sample_keeper_runs_below_the_api_and_the_server_does_not(
         thread.join(10)
         samples.stop()
         store.close()
+
+
+def _native_threads() -> set[int]:
+    """Every thread of this process (Linux: /proc/self/task)."""
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
+def _python_threads() -> set[int]:
+    return {t.native_id for t in threading.enumerate() if t.native_id is not None}
+
+
+def test_a_niced_call_runs_below_its_caller_and_returns_or_raises_as_it() -> None:
+    base = _process_nice()
+    assert priority.niced_call(priority.thread_nice, 4) == min(19, base + 4)
+    assert priority.thread_nice() == base
+    with pytest.raises(KeyError, match="nope"):
+        priority.niced_call(lambda: {}["nope"], 4)
+    with pytest.raises(ValueError, match="use 0 .* to 19"):
+        priority.niced_call(priority.thread_nice, 20)
+
+
+def test_duckdbs_workers_start_at_the_priority_of_the_thread_that_opens_the_database(
+        tmp_path: Path) -> None:
+    """What ``serve`` relies on: DuckDB starts its workers with the database, at the
+    opening thread's priority; opened from the caller's thread they are not niced."""
+    base = _process_nice()
+    for by, path in ((0, tmp_path / "plain.duckdb"), (6, tmp_path / "niced.duckdb")):
+        before = _native_threads()
+        store = priority.niced_call(lambda p=path: Store(p), by) if by else Store(path)
+        try:
+            workers = _native_threads() - before - _python_threads()
+            assert workers, "DuckDB started no worker thread"
+            assert {priority.thread_nice(t) for t in workers} == {min(19, base + by)}
+        finally:
+            store.close()
+
+
+def test_serve_opens_its_database_so_that_duckdbs_workers_run_below_the_api(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fleetcare.api import server
+    from fleetcare.api.cli import main
+
+    base = _process_nice()
+    db = tmp_path / "f.duckdb"
+    Store(db).close()  # exists, and no connection keeps its database (and workers) open
+    seen: dict[str, set[int]] = {}
+
+    def fake_serve(app, host: str, port: int, **kwargs: object) -> None:  # type: ignore[no-untyped-def]
+        workers = _native_threads() - before - _python_threads()
+        seen["nice"] = {priority.thread_nice(t) for t in workers}
+
+    monkeypatch.setattr(server, "serve", fake_serve)
+    monkeypatch.setenv("FLEETCARE_CLI_BACKGROUND_NICE", "7")
+    before = _native_threads()
+    assert main(["serve", "--db", str(db), "--no-auth", "--port", "0"]) == 0
+    assert seen["nice"] == {min(19, base + 7)}, "a thread serve started is not niced"

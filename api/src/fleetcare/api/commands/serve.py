@@ -47,7 +47,7 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     if not 0 <= listen <= 65535:
         args.serve_parser.error(f"port {listen} (the [cli] port setting, FLEETCARE_CLI_PORT) "
                                 "is not a port: use 1..65535")
-    from fleetcare.api.priority import MAX_NICE, checked
+    from fleetcare.api.priority import MAX_NICE, checked, niced_call
 
     try:
         checked(cfg.background_nice)
@@ -58,8 +58,11 @@ def run(args: argparse.Namespace, cfg: Settings) -> int:
     check_listen(host, listen)
     resolve_source(args.serve_parser, args, cfg)
     open_consumer = consumer_factory(args.serve_parser, args, cfg) if args.bus else None
-    store = open_store(args.db or cfg.db, lake=args.lake, create=bool(args.bus or args.lake),
-                       create_lake=True)
+    # opened from a niced thread: DuckDB's workers, started with the database, run below
+    # the API's threads as the service's loops do (``priority``)
+    store = niced_call(lambda: open_store(args.db or cfg.db, lake=args.lake,
+                                          create=bool(args.bus or args.lake),
+                                          create_lake=True), cfg.background_nice)
     from fleetcare.api import queries
     from fleetcare.api.alerts import AlertEngine, load_config
 
