@@ -1,7 +1,8 @@
 """The risk API under a steady request rate while ingest and scoring write (simulated data).
 
-One service process, as in production: a DuckDB database with a simulated fleet's
-history and a scoring history of production size (``--score-runs`` runs of every GPU,
+One service process, as in production: a DuckDB database (opened from a niced thread as
+``serve`` opens it, so DuckDB's workers run niced; ``--duckdb-workers-unniced`` for the
+code before) with a simulated fleet's history and a scoring history of production size (``--score-runs`` runs of every GPU,
 what ``scoring.prune`` keeps between hourly ones), uvicorn serving the API (auth on, a
 read token) on a real loopback port. Writers, each a thread of its own as in ``serve``
 and niced as its loops are: an ingest thread landing one fleet tick of
@@ -165,6 +166,16 @@ def _ticks(sim: FleetSimulator, start: dt.datetime, n: int) -> list[dict[str, Co
     return out[:n]
 
 
+def _hog(duty: float, stop: Any) -> None:
+    """Busy ``duty`` of every 100 ms until ``stop`` is set: another tenant of the host,
+    made repeatable (``--cpu-hog``)."""
+    while not stop.is_set():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.1 * duty:
+            pass
+        stop.wait(0.1 * (1 - duty))
+
+
 def _phase(base: str, token: str, nodes: list[str], rate: float, duration: float,
            workers: int) -> dict[str, Any]:
     ctx = mp.get_context("spawn")
@@ -207,6 +218,13 @@ def main() -> None:
                         "a run with random risks (the figures before 2026-12-07)")
     p.add_argument("--duckdb-threads", type=int, default=0,
                    help="DuckDB's threads after setup (0: DuckDB's default, one per core)")
+    p.add_argument("--duckdb-workers-unniced", action="store_true",
+                   help="open the database from the main thread, so DuckDB's workers run at "
+                        "the API's priority (the code before 2026-12-07; `serve` opens it "
+                        "from a niced thread: priority.niced_call)")
+    p.add_argument("--cpu-hog", type=float, default=0.0, metavar="DUTY",
+                   help="a process of its own busy this share of a core (0-1) for the whole "
+                        "run, at the bench's priority: a noisy host, repeatable (default 0)")
     p.add_argument("--p99-ms", type=float, default=20.0, help="the p99 target")
     p.add_argument("--find-saturation", action="store_true",
                    help="after the two phases, step the rate up (writers on) and report the "
@@ -215,12 +233,31 @@ def main() -> None:
                    help="rates for --find-saturation")
     p.add_argument("--step-duration", type=float, default=20.0)
     args = p.parse_args()
+    if not 0 <= args.cpu_hog <= 1:
+        p.error(f"--cpu-hog {args.cpu_hog}: give a share of a core between 0 and 1")
+    hog_stop, hog = None, None
+    if args.cpu_hog:
+        ctx = mp.get_context("spawn")
+        hog_stop = ctx.Event()
+        hog = ctx.Process(target=_hog, args=(args.cpu_hog, hog_stop), daemon=True)
+        hog.start()
+    try:
+        _run(args)
+    finally:
+        if hog is not None and hog_stop is not None:
+            hog_stop.set()
+            hog.join(10)
 
+
+def _run(args: argparse.Namespace) -> None:
     spec = FleetSpec(nodes=args.nodes, seed=3)
     hist_end = spec.start + dt.timedelta(hours=args.history_hours)
     sim = FleetSimulator(spec, simulate_incidents(spec, args.history_hours / 24 + 1))
     with tempfile.TemporaryDirectory() as tmp:
-        store = Store(Path(tmp) / "fleet.duckdb")
+        path = Path(tmp) / "fleet.duckdb"
+        # as `serve` opens it: DuckDB's workers start niced with the database
+        store = (Store(path) if args.duckdb_workers_unniced
+                 else priority.niced_call(lambda: Store(path), args.background_nice))
         scoring.ensure_schema(store)
         t0 = time.perf_counter()
         loaded = load_history(store, sim, spec.start, hist_end, interval_s=300)
@@ -371,6 +408,7 @@ def main() -> None:
         "snapshot_builds": snapshot_builds,
         "server_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "auth": "bearer (read)", "background_nice": args.background_nice,
+        "duckdb_workers_niced": not args.duckdb_workers_unniced, "cpu_hog": args.cpu_hog,
     }
     if args.find_saturation:
         held = [s["rate"] for s in steps if _held(s, args.p99_ms)]
