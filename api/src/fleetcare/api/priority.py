@@ -15,9 +15,10 @@ its creator's priority. ``serve`` opens its store from a niced thread (``niced_c
 the workers — which run the parallel parts of every query: the scoring cycle's, ingest's,
 the sample keeper's — are background threads too. A request's query runs on the request's
 thread at the API's priority; only the parallel parts of a large one (a node's history)
-wait for the niced workers when the cores are busy. Measured with ``bench/bench_api_load.py`` beside a
-CPU-bound process taking ~0.7 of a core (the README): the writing phase's p99 36.0 / 30.5 ms
-with the workers niced, 226.1 / 53.8 ms without.
+wait for the niced workers when the cores are busy. Measured with ``bench/bench_api_load.py
+--cpu-hog 0.7`` (a process beside it busy 0.7 of a core; the README), three pairs: the
+writing phase's p99 36.0 / 30.5 / 87.4 ms with the workers niced, 226.1 / 53.8 / 334.3 ms
+without.
 
 Linux keeps a nice value per thread (``setpriority(PRIO_PROCESS, tid)``, documented in
 ``sched(7)``), and raising one's own needs no privilege. Elsewhere the same call would

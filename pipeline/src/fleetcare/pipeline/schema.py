@@ -197,6 +197,7 @@ def contract_sample(row: tuple[Any, ...]) -> dict[str, Any]:
             values.append([True] * links if i == _UP else [0] * links)
     return dict(zip(SAMPLE_COLUMNS, values, strict=True))
 
+
 _SAMPLE_TYPES = {name: sql for name, sql, _ in column_types(GpuSample)}
 DDL = f"""
 CREATE TABLE IF NOT EXISTS telemetry (

@@ -102,12 +102,12 @@ def _incoming_stats(data: pa.Table, key: tuple[str, ...]) -> tuple[Any, Any, boo
             dups)
 
 
-
 def _mark_dirty(c: duckdb.DuckDBPyConnection, lo: dt.datetime, key: str) -> None:
     """``Store.mark_dirty`` on the cursor ``c`` (inside the caller's transaction, if any)."""
     c.execute("INSERT INTO meta VALUES (?, ?) ON CONFLICT (key) DO UPDATE "
               "SET value = excluded.value WHERE excluded.value < meta.value",
               [key, _naive_utc(lo).isoformat()]).fetchall()
+
 
 def _insert_incoming(c: duckdb.DuckDBPyConnection, table: str, key: tuple[str, ...],
                      stats: tuple[Any, Any, bool], *,
@@ -422,20 +422,21 @@ class Store:
         README: "How GPU samples are stored"). Returns samples added."""
         if not data.num_rows:
             return 0
-        return self._insert_summarised(summarise(data), pc.min(data.column("ts")).as_py())
+        return self._insert_summarised(summarise(data))
 
-    def _insert_summarised(self, rows: Summarised, oldest: dt.datetime) -> int:
-        """``insert_samples`` of samples already summarised; ``oldest``: their oldest ts."""
+    def _insert_summarised(self, rows: Summarised) -> int:
+        """``insert_samples`` of samples already summarised."""
         # the mark and the rows land under one lock: a refresh takes the mark
         # (``rollup._take_dirty`` holds the lock too) before both or after both, never
         # between them, which would consume the mark of rows its snapshot lacks
+        stats = _incoming_stats(rows.stored, schema.SAMPLE_KEY)  # serves both inserts
         with self._lock, self.transaction() as cur:
-            # in the rows' own transaction: both land or neither (one commit a batch)
-            _mark_dirty(cur, oldest, DIRTY_SINCE_KEY)
+            # from the oldest, in the rows' own transaction: both land or neither (one
+            # commit a batch)
+            _mark_dirty(cur, stats[0], DIRTY_SINCE_KEY)
             cur.register("incoming", rows.stored)
             cur.register("incoming_lists", rows.lists)
-            try:  # one look at the batch serves both inserts
-                stats = _incoming_stats(rows.stored, schema.SAMPLE_KEY)
+            try:
                 # the lists of the irregular samples new to telemetry, before the
                 # samples themselves land
                 if rows.lists.num_rows:
@@ -466,7 +467,7 @@ class Store:
             return self.insert_samples(columns_to_arrow(columns, schema.SAMPLE_SCHEMA))
         if not rows.stored.num_rows:
             return 0
-        return self._insert_summarised(rows, pc.min(rows.stored.column("ts")).as_py())
+        return self._insert_summarised(rows)
 
     def insert_sample_records(self, samples: Iterable[GpuSample]) -> int:
         return self.insert_samples(records_to_arrow(samples, schema.SAMPLE_SCHEMA))
